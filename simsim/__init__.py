@@ -1,0 +1,53 @@
+"""simsim: a deterministic discrete-event simulator of an LLM serving engine, on SimPy.
+
+Time is an integer number of microseconds. All figures are simulated behaviour from an
+analytical cost model, never measured hardware performance.
+"""
+
+from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
+from simsim.clock import Environment
+from simsim.engines import SimulationEngine
+from simsim.errors import (
+    EngineFailedError,
+    InvalidTransitionError,
+    SimulationError,
+    StaleDecisionError,
+    StaleEventError,
+    UnknownRequestError,
+)
+from simsim.records import AdmissionRecord, EventRecord, EventType
+from simsim.request import Request, RequestState
+from simsim.scheduler import (
+    AdmissionDecision,
+    FcfsScheduler,
+    QueuedRequest,
+    Scheduler,
+    SchedulerStats,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionDecision",
+    "AdmissionRecord",
+    "Backend",
+    "EngineFailedError",
+    "Environment",
+    "EventRecord",
+    "EventType",
+    "FcfsScheduler",
+    "InvalidTransitionError",
+    "QueuedRequest",
+    "Request",
+    "RequestState",
+    "Scheduler",
+    "SchedulerStats",
+    "SimulatedBackend",
+    "SimulatedBackendConfig",
+    "SimulationEngine",
+    "SimulationError",
+    "StaleDecisionError",
+    "StaleEventError",
+    "UnknownRequestError",
+    "__version__",
+]

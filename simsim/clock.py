@@ -1,0 +1,199 @@
+"""The integer-microsecond clock: a drop-in ``simpy.Environment`` with strict time rules.
+
+This module knows nothing of requests or servers. It guarantees three things to every
+model that runs on it, simsim's engines and foreign SimPy processes alike:
+
+* time is a plain ``int`` number of microseconds, from ``0`` (or ``initial_time``) up to
+  ``2**63 - 1``; a float, ``bool``, ``Decimal`` or string delay is a ``TypeError``, a
+  negative one a ``ValueError``, a time past the 64-bit range an ``OverflowError``;
+* events run in SimPy's own heap order ``(time, priority, sequence)``, where the sequence
+  is handed out when an event is scheduled, so equal times keep their scheduling order;
+* a priority below both of SimPy's (:data:`BOUNDARY`) lets an engine act once every
+  ordinary event of a timestamp has been processed, including events scheduled during it.
+"""
+
+from __future__ import annotations
+
+import operator
+from heapq import heappop, heappush
+from types import MethodType
+from typing import Any
+
+import simpy
+from simpy.core import BoundClass, EmptySchedule, StopSimulation
+from simpy.events import NORMAL, URGENT, Event, EventPriority
+
+__all__ = [
+    "BOUNDARY",
+    "MAX_TIME_US",
+    "NORMAL",
+    "URGENT",
+    "Environment",
+    "check_time_us",
+]
+
+MAX_TIME_US = 2**63 - 1
+"""The largest timestamp or duration simsim represents (signed 64-bit)."""
+
+BOUNDARY = EventPriority(2)
+"""Heap priority of a timestamp-boundary event: it runs after every URGENT and NORMAL
+event at the same time, including ones scheduled while that time is being processed."""
+
+
+def check_time_us(value: object, name: str) -> int:
+    """Return *value* as a plain ``int`` number of microseconds, or raise.
+
+    ``bool``, ``float``, ``Decimal`` and strings raise ``TypeError``; NumPy integer
+    scalars are accepted and converted. Negative values raise ``ValueError``, values
+    past ``2**63 - 1`` raise ``OverflowError``. *name* is used in the message.
+    """
+    if type(value) is int:
+        result = value
+    else:
+        if isinstance(value, bool):
+            raise TypeError(f"{name} must be an int number of microseconds, got bool {value!r}")
+        try:
+            result = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"{name} must be an int number of microseconds, "
+                f"got {type(value).__name__} {value!r}"
+            ) from None
+        result = int(result)
+    if result < 0:
+        raise ValueError(f"{name} must be >= 0 microseconds, got {result}")
+    if result > MAX_TIME_US:
+        raise OverflowError(f"{name} = {result} is past the 64-bit limit 2**63 - 1")
+    return result
+
+
+def check_count(value: object, name: str, *, minimum: int = 0) -> int:
+    """Return *value* as a plain ``int`` that is at least *minimum*, or raise.
+
+    Used for token counts, ids and sizes: ``bool`` and non-integers raise ``TypeError``,
+    values below *minimum* raise ``ValueError``, values past ``2**63 - 1`` raise
+    ``OverflowError``.
+    """
+    if type(value) is not int:
+        if isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got bool {value!r}")
+        try:
+            value = int(operator.index(value))  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"{name} must be an int, got {type(value).__name__} {value!r}"
+            ) from None
+    assert isinstance(value, int)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > MAX_TIME_US:
+        raise OverflowError(f"{name} = {value} is past the 64-bit limit 2**63 - 1")
+    return value
+
+
+class Environment(simpy.Environment):
+    """A ``simpy.Environment`` whose clock is an integer number of microseconds.
+
+    Use it wherever a ``simpy.Environment`` goes. ``timeout``, ``run(until=...)``,
+    ``event().succeed()`` and every other path into the heap check their times: a delay
+    must be a non-negative ``int`` (NumPy integers are converted), and no event may be
+    scheduled past ``2**63 - 1``. To wait 1.5 seconds write ``env.timeout(1_500_000)``.
+
+    Events at equal times run in ``(time, priority, sequence)`` order, exactly as in
+    SimPy: ``URGENT`` before ``NORMAL``, then in the order they were scheduled.
+    """
+
+    def __init__(self, initial_time: int = 0) -> None:
+        start = check_time_us(initial_time, "initial_time")
+        super().__init__(start)
+        self._now: int = start
+        self._processing = False
+        # simpy.Environment binds its event factories only for names in the class's own
+        # __dict__, which a subclass does not share; bind them here so that
+        # env.timeout(...) costs what it costs on a plain environment.
+        for name, attribute in vars(simpy.Environment).items():
+            if type(attribute) is BoundClass:
+                setattr(self, name, MethodType(attribute.cls, self))
+
+    @property
+    def now(self) -> int:
+        """The current simulated time in microseconds (always a plain ``int``)."""
+        return self._now
+
+    @property
+    def processing(self) -> bool:
+        """``True`` while an event's callbacks run, ``False`` between events.
+
+        Engines read it to tell a call made from inside the simulation (a process or
+        callback at the current time) from one made by the driver between steps.
+        """
+        return self._processing
+
+    def schedule(
+        self,
+        event: Event,
+        priority: EventPriority = NORMAL,
+        delay: Any = 0,
+    ) -> None:
+        """Schedule *event* with *priority* after *delay* microseconds.
+
+        Raises ``TypeError`` for a non-int delay, ``ValueError`` for a negative one and
+        ``OverflowError`` when ``now + delay`` passes ``2**63 - 1``.
+        """
+        if type(delay) is not int:
+            delay = check_time_us(delay, "delay")
+        elif delay < 0:
+            raise ValueError(f"delay must be >= 0 microseconds, got {delay}")
+        at = self._now + delay
+        if at > MAX_TIME_US:
+            raise OverflowError(
+                f"an event at now={self._now} + delay={delay} would be scheduled at {at}, "
+                "past the 64-bit limit 2**63 - 1"
+            )
+        heappush(self._queue, (at, priority, next(self._eid), event))
+
+    def schedule_at(self, event: Event, at_us: int, priority: EventPriority = NORMAL) -> int:
+        """Schedule *event* at the absolute time *at_us* and return its sequence number.
+
+        The trusted fast path for engines: *at_us* must already be an ``int`` no earlier
+        than ``now``; only the 64-bit limit is checked here.
+        """
+        if at_us > MAX_TIME_US:
+            raise OverflowError(f"an event at {at_us} would be past the 64-bit limit 2**63 - 1")
+        sequence = next(self._eid)
+        heappush(self._queue, (at_us, priority, sequence, event))
+        return sequence
+
+    def step(self) -> None:
+        """Process the next event (SimPy's ``step``, with :attr:`processing` kept)."""
+        try:
+            self._now, _, _, event = heappop(self._queue)  # type: ignore[assignment]
+        except IndexError:
+            raise EmptySchedule from None
+
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+        self._processing = True
+        try:
+            for callback in callbacks:
+                callback(event)
+        except StopSimulation:
+            # As SimPy does: keep the remaining callbacks for when the run resumes.
+            event.callbacks = callbacks[callbacks.index(callback) + 1 :]
+            self.schedule(event, EventPriority(-1))
+            raise
+        finally:
+            self._processing = False
+
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+
+    def run(self, until: Any = None) -> Any:
+        """Run until *until* (an ``int`` time or an event), or until the heap is empty.
+
+        A float or ``bool`` time raises ``TypeError``; NumPy integers are converted.
+        """
+        if until is not None and not isinstance(until, Event):
+            until = check_time_us(until, "until")
+        return super().run(until)

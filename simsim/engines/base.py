@@ -1,0 +1,423 @@
+"""What every simsim server shares: requests, logs, cancellation, failure, stepping.
+
+A server runs on a :class:`~simsim.clock.Environment` and keeps all of its pending
+work in SimPy's own heap as :class:`LifecycleEvent` objects, one outstanding event per
+request at most. Admission happens at *timestamp boundaries*: a :data:`BOUNDARY`-
+priority event, scheduled once per timestamp when first needed, runs after every
+other event of that timestamp and asks the scheduler for the next request. Concrete
+servers (the single slot, the batching server) supply what happens on each event and
+at each boundary.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import simpy
+from simpy.events import PENDING, Event
+
+from simsim.backend import Backend
+from simsim.clock import BOUNDARY, MAX_TIME_US, Environment, check_count
+from simsim.errors import (
+    EngineFailedError,
+    InvalidTransitionError,
+    StaleEventError,
+    UnknownRequestError,
+)
+from simsim.records import (
+    AdmissionLog,
+    AdmissionRecord,
+    EventLog,
+    EventRecord,
+    EventType,
+    RecordView,
+)
+from simsim.request import Request, RequestState
+from simsim.scheduler import FcfsScheduler, Scheduler, SchedulerStats
+
+__all__ = ["EngineBase", "LifecycleEvent", "check_duration_us"]
+
+_SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
+
+
+class LifecycleEvent(Event):
+    """An engine's own event in SimPy's heap, bound to one request and one event type.
+
+    It is created already triggered; *sequence* is its heap sequence number, which
+    also becomes the sequence of its log record.
+    """
+
+    def __init__(
+        self,
+        env: Environment,
+        callback: Any,
+        request: Request,
+        event_type: EventType,
+        at_us: int,
+    ) -> None:
+        self.env = env
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+        self.request = request
+        self.event_type = event_type
+        self.sequence = env.schedule_at(self, at_us)
+
+    def _desc(self) -> str:
+        return f"{self.event_type.name}(request {self.request.request_id})"
+
+
+def check_duration_us(value: object, what: str, request_id: int) -> int:
+    """Check a backend's answer: a non-negative ``int`` (NumPy integers converted)."""
+    if type(value) is int:
+        duration = value
+    else:
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(
+                f"backend {what} for request {request_id} returned "
+                f"{type(value).__name__} {value!r}; durations must be int microseconds"
+            )
+        duration = int(operator.index(value))  # type: ignore[arg-type]
+    if duration < 0:
+        raise ValueError(
+            f"backend {what} for request {request_id} returned a negative duration {duration} us"
+        )
+    return duration
+
+
+def _checked_time(at_us: int, request_id: int) -> int:
+    if at_us > MAX_TIME_US:
+        raise OverflowError(
+            f"request {request_id}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1"
+        )
+    return at_us
+
+
+class EngineBase:
+    """Shared machinery of simsim's servers; use a concrete engine instead."""
+
+    def __init__(
+        self, backend: Backend, scheduler: Scheduler | None, env: Environment | None
+    ) -> None:
+        for method in ("prefill_us", "decode_step_us"):
+            if not callable(getattr(backend, method, None)):
+                raise TypeError(
+                    f"backend {backend!r} has no {method}() method; "
+                    "it must implement simsim.Backend"
+                )
+        if scheduler is None:
+            scheduler = FcfsScheduler()
+        else:
+            missing = [name for name in _SCHEDULER_OPERATIONS if not hasattr(scheduler, name)]
+            if missing:
+                raise TypeError(
+                    f"scheduler {scheduler!r} lacks {', '.join(missing)}; "
+                    "it must implement simsim.Scheduler"
+                )
+        if env is None:
+            env = Environment()
+        elif not isinstance(env, Environment):
+            kind = "a plain simpy.Environment" if isinstance(env, simpy.Environment) else repr(env)
+            raise TypeError(
+                f"env must be a simsim.Environment (integer-microsecond clock), got {kind}"
+            )
+        self._backend = backend
+        self._scheduler = scheduler
+        self._env = env
+        self._requests: dict[int, Request] = {}
+        self._event_log = EventLog()
+        self._admission_log = AdmissionLog()
+        self._failure: BaseException | None = None
+        self._processed_event_count = 0
+        self._ignored_cancelled_event_count = 0
+        # request id -> the one event a cancellation allowed to be consumed silently
+        self._authorized: dict[int, LifecycleEvent] = {}
+        self._completions: dict[int, Event] = {}
+        self._boundary_pending = False
+        self._boundary_fired = False
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def env(self) -> Environment:
+        """The environment this engine schedules on."""
+        return self._env
+
+    @property
+    def backend(self) -> Backend:
+        """The cost model."""
+        return self._backend
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The admission policy."""
+        return self._scheduler
+
+    @property
+    def failed(self) -> bool:
+        """``True`` once an error in the engine's own work has failed it for good."""
+        return self._failure is not None
+
+    @property
+    def processed_event_count(self) -> int:
+        """The engine's own events processed so far, meaningful and ignored alike."""
+        return self._processed_event_count
+
+    @property
+    def ignored_cancelled_event_count(self) -> int:
+        """Events consumed without effect because a cancellation authorized them."""
+        return self._ignored_cancelled_event_count
+
+    @property
+    def has_pending_events(self) -> bool:
+        """``True`` while the environment's heap holds any event (foreign ones included)."""
+        return bool(self._env._queue)
+
+    @property
+    def now_us(self) -> int:
+        """The current simulated time in microseconds."""
+        self._check_alive()
+        return self._env._now
+
+    @property
+    def requests(self) -> Mapping[int, Request]:
+        """A read-only mapping from request id to every submitted :class:`Request`."""
+        self._check_alive()
+        return MappingProxyType(self._requests)
+
+    @property
+    def event_log(self) -> RecordView[EventRecord]:
+        """The processed lifecycle events in processing order (a snapshot)."""
+        self._check_alive()
+        return self._event_log.view()
+
+    @property
+    def admission_log(self) -> RecordView[AdmissionRecord]:
+        """Every admission in order: time, request id, scheduler epoch (a snapshot)."""
+        self._check_alive()
+        return self._admission_log.view()
+
+    @property
+    def scheduler_stats(self) -> SchedulerStats:
+        """The scheduler's counters."""
+        self._check_alive()
+        return self._scheduler.stats
+
+    # ------------------------------------------------------------------ driving
+
+    def submit(self, request: Request) -> Request:
+        """Hand a pristine *request* to the engine and schedule its arrival.
+
+        The request must be ``WAITING`` with no tokens and no timestamps, its id new to
+        this engine, and its arrival no earlier than ``now_us``; otherwise ``ValueError``
+        (``TypeError`` for a non-:class:`Request`) and nothing changes. Returns the same
+        object, which the engine updates from now on.
+        """
+        self._check_alive()
+        if not isinstance(request, Request):
+            raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
+        request.validate()
+        rid = request.request_id
+        if rid in self._requests:
+            raise ValueError(f"request {rid} was already submitted to this engine")
+        if request._pending is not None:
+            raise ValueError(f"request {rid} is already submitted to another engine")
+        if not request.is_pristine:
+            raise ValueError(
+                f"request {rid} is not pristine (state {request.state.name}, "
+                f"{request.generated_token_count} tokens, admit={request.admit_time_us}, "
+                f"prefill_end={request.prefill_end_time_us}, "
+                f"first_token={request.first_token_time_us}, finish={request.finish_time_us}); "
+                "submit a new WAITING request with no tokens and no timestamps"
+            )
+        now = self._env._now
+        if request.arrival_time_us < now:
+            raise ValueError(
+                f"request {rid} arrives at {request.arrival_time_us} us, before the current "
+                f"time {now} us"
+            )
+        self._check_admissible(request)
+        request._pending = LifecycleEvent(
+            self._env,
+            self._on_arrival,
+            request,
+            EventType.REQUEST_ARRIVAL,
+            request.arrival_time_us,
+        )
+        self._requests[rid] = request
+        return request
+
+    def run_next_timestamp(self) -> int | None:
+        """Process every event at the earliest pending time T, then one admission.
+
+        Returns T, or ``None`` when nothing is pending. Events the admission itself
+        schedules at T (zero-cost work) are left for the next call.
+        """
+        self._check_alive()
+        env = self._env
+        queue = env._queue
+        if not queue:
+            return None
+        at: int = queue[0][0]  # type: ignore[assignment]
+        self._boundary_fired = False
+        step = env.step
+        while queue and queue[0][0] == at:
+            step()
+            if self._boundary_fired:
+                break
+        return at
+
+    def run(self) -> None:
+        """Call :meth:`run_next_timestamp` until nothing at all is pending."""
+        self._check_alive()
+        while self.run_next_timestamp() is not None:
+            pass
+
+    def cancel_request(self, request_id: int) -> None:
+        """Cancel a request that has not finished; it becomes ``CANCELLED`` at ``now_us``.
+
+        A request that has not arrived yet, or is queued, simply leaves; an active one
+        frees its place at once and its outstanding event will be ignored when it comes
+        up. Raises :class:`UnknownRequestError` for an unknown id and
+        :class:`InvalidTransitionError` for a request that is already terminal; nothing
+        changes then.
+        """
+        self._check_alive()
+        rid = check_count(request_id, "request_id")
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        state = request.state
+        if request.is_terminal:
+            raise InvalidTransitionError(
+                f"request {rid} is already {state.name}; only a WAITING, PREFILLING, "
+                "DECODING or PREEMPTED request can be cancelled"
+            )
+        now = self._env._now
+        pending = request._pending
+        if state is RequestState.WAITING and pending is not None:
+            # Not arrived yet: its arrival event will come up and be ignored.
+            request.transition_to(RequestState.CANCELLED, now)
+            self._authorize(request, pending)
+        elif state is RequestState.WAITING or state is RequestState.PREEMPTED:
+            self._scheduler.remove(rid)
+            request.transition_to(RequestState.CANCELLED, now)
+        else:
+            self._cancel_active(request, now)
+        self._notify_terminal(request)
+
+    def completion(self, request_id: int) -> Event:
+        """A SimPy event that succeeds with the :class:`Request` once it is terminal.
+
+        ``yield engine.completion(rid)`` inside a process waits for the request to
+        finish or be cancelled; for a request that is already terminal the event is
+        already triggered and the process resumes at once.
+        """
+        self._check_alive()
+        rid = check_count(request_id, "request_id")
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        event = self._completions.get(rid)
+        if event is None:
+            event = Event(self._env)
+            if request.is_terminal:
+                # Born processed: nothing enters the heap, a yield resumes at once.
+                event._ok = True
+                event._value = request
+                event.callbacks = None  # type: ignore[assignment]
+            self._completions[rid] = event
+        return event
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def _check_admissible(self, request: Request) -> None:
+        """Refuse at submit a request this server could never run (hook)."""
+
+    def _on_arrival(self, event: LifecycleEvent) -> None:
+        raise NotImplementedError
+
+    def _cancel_active(self, request: Request, now: int) -> None:
+        raise NotImplementedError
+
+    def _on_boundary(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise EngineFailedError(
+                f"the engine failed earlier ({type(self._failure).__name__}: {self._failure}) "
+                "and answers only failed, processed_event_count, has_pending_events and "
+                "ignored_cancelled_event_count"
+            ) from self._failure
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = error
+
+    def _authorize(self, request: Request, pending: LifecycleEvent) -> None:
+        # Exactly this one event may later be consumed without effect.
+        self._authorized[request.request_id] = pending
+        request._pending = None
+
+    def _ignore_or_fail(self, event: LifecycleEvent) -> None:
+        """Consume an event its request no longer waits for, if (and only if) authorized."""
+        request = event.request
+        rid = request.request_id
+        if self._authorized.get(rid) is event and request.state is RequestState.CANCELLED:
+            del self._authorized[rid]
+            self._ignored_cancelled_event_count += 1
+            self._processed_event_count += 1
+            return
+        self._raise_stale(event)
+
+    def _raise_stale(self, event: LifecycleEvent) -> NoReturn:
+        request = event.request
+        raise StaleEventError(
+            f"request {request.request_id} ({request.state.name}) was not waiting for "
+            f"{event.event_type.name} (sequence {event.sequence}) at {self._env._now} us"
+        )
+
+    def _request_boundary(self) -> None:
+        """Make sure an admission boundary runs at the end of the current timestamp."""
+        if not self._boundary_pending:
+            self._boundary_pending = True
+            boundary = Event(self._env)
+            boundary._ok = True
+            boundary._value = None
+            boundary.callbacks.append(self._on_boundary)
+            self._env.schedule_at(boundary, self._env._now, BOUNDARY)
+
+    def _admit_now_or_at_boundary(self) -> None:
+        """Fill a slot freed by a cancellation, now or at the end of this timestamp.
+
+        From inside the simulation, or when work is still pending at the current time,
+        the slot is filled at the timestamp's boundary; otherwise (between timestamps,
+        nothing left at ``now``) the head is admitted at once without moving the clock.
+        """
+        env = self._env
+        if (
+            env._processing
+            or self._boundary_pending
+            or (env._queue and env._queue[0][0] == env._now)
+        ):
+            self._request_boundary()
+            return
+        try:
+            self._admit()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _admit(self) -> None:
+        raise NotImplementedError
+
+    def _notify_terminal(self, request: Request) -> None:
+        completions = self._completions
+        if completions:
+            event = completions.get(request.request_id)
+            if event is not None and event._value is PENDING:
+                event.succeed(request)

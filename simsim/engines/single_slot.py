@@ -1,0 +1,258 @@
+"""The single-slot server: one request at a time, whole-prompt prefill, one token per step.
+
+Life of a request on this server, as events in SimPy's heap::
+
+    REQUEST_ARRIVAL ──> (queued) ──boundary──> PREFILL_COMPLETE ──> DECODE_STEP_COMPLETE (n times)
+                                   admission                        ──> REQUEST_COMPLETE
+
+The arrival enqueues the request's metadata with the scheduler. At the end of a
+timestamp, if the slot is free, the boundary admits the scheduler's head and schedules
+its prefill ``prefill_us(prompt, 1)`` later. Each decode step is scheduled
+``decode_step_us(1)`` after the previous event; the event that ends the work schedules
+``REQUEST_COMPLETE`` with zero delay, and processing it frees the slot.
+"""
+
+from __future__ import annotations
+
+from simpy.events import Event
+
+from simsim.backend import Backend
+from simsim.clock import MAX_TIME_US, Environment, check_count
+from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us
+from simsim.errors import InvalidTransitionError, UnknownRequestError
+from simsim.records import EventType
+from simsim.request import Request, RequestState
+from simsim.scheduler import QueuedRequest, Scheduler
+
+__all__ = ["SimulationEngine"]
+
+_WAITING = RequestState.WAITING
+_PREFILLING = RequestState.PREFILLING
+_DECODING = RequestState.DECODING
+_FINISHED = RequestState.FINISHED
+_CANCELLED = RequestState.CANCELLED
+
+_ARRIVAL = EventType.REQUEST_ARRIVAL
+_PREFILL = EventType.PREFILL_COMPLETE
+_DECODE = EventType.DECODE_STEP_COMPLETE
+_COMPLETE = EventType.REQUEST_COMPLETE
+
+
+def _overflow(at_us: int, request_id: int) -> OverflowError:
+    return OverflowError(
+        f"request {request_id}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1"
+    )
+
+
+class SimulationEngine(EngineBase):
+    """A serving engine with exactly one slot, driven by SimPy's event heap.
+
+    ``SimulationEngine(backend, scheduler=None, *, max_active_requests=1, env=None)``:
+    *scheduler* defaults to a new :class:`~simsim.FcfsScheduler`, *env* to a new
+    :class:`~simsim.Environment`. Share an environment with other SimPy processes by
+    passing it as *env*. ``max_active_requests`` must be ``1`` on this server.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        scheduler: Scheduler | None = None,
+        *,
+        max_active_requests: int = 1,
+        env: Environment | None = None,
+    ) -> None:
+        slots = _positive_int(max_active_requests, "max_active_requests")
+        if slots != 1:
+            raise ValueError(
+                f"max_active_requests={slots}: the single-slot SimulationEngine runs exactly "
+                "one request at a time (use BatchingEngine for more)"
+            )
+        super().__init__(backend, scheduler, env)
+        self._active: Request | None = None
+
+    @property
+    def max_active_requests(self) -> int:
+        """Always ``1`` on this server."""
+        return 1
+
+    @property
+    def active_request_id(self) -> int | None:
+        """The id of the request holding the slot, or ``None`` when it is free."""
+        self._check_alive()
+        return None if self._active is None else self._active.request_id
+
+    # ------------------------------------------------------------------ events
+
+    def _on_arrival(self, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            request._pending = None
+            self._scheduler.enqueue(
+                QueuedRequest(
+                    request.request_id,
+                    request.arrival_time_us,
+                    request.prompt_token_count,
+                    request.max_output_tokens,
+                )
+            )
+            if self._active is None:
+                self._request_boundary()
+            self._processed_event_count += 1
+            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_prefill_complete(self, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            now = self._env._now
+            rid = request.request_id
+            if request.state is not _PREFILLING:
+                self._raise_stale(event)
+            if request.max_output_tokens > 0:
+                at = now + check_duration_us(self._backend.decode_step_us(1), "decode_step_us", rid)
+                if at > MAX_TIME_US:
+                    raise _overflow(at, rid)
+                request.transition_to(_DECODING, now)
+                request.prefill_end_time_us = now
+                request._pending = LifecycleEvent(
+                    self._env, self._on_decode_step, request, _DECODE, at
+                )
+            else:
+                request.prefill_end_time_us = now
+                request._pending = LifecycleEvent(
+                    self._env, self._on_request_complete, request, _COMPLETE, now
+                )
+            self._processed_event_count += 1
+            self._event_log.append(now, event.sequence, _PREFILL, rid)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_decode_step(self, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            now = self._env._now
+            rid = request.request_id
+            if request.state is not _DECODING:
+                self._raise_stale(event)
+            tokens = request.generated_token_count + 1
+            if tokens >= request.max_output_tokens:
+                if tokens > request.max_output_tokens:
+                    raise InvalidTransitionError(
+                        f"request {rid}: token {tokens} is past max_output_tokens "
+                        f"{request.max_output_tokens}"
+                    )
+                request._pending = LifecycleEvent(
+                    self._env, self._on_request_complete, request, _COMPLETE, now
+                )
+            else:
+                at = now + check_duration_us(self._backend.decode_step_us(1), "decode_step_us", rid)
+                if at > MAX_TIME_US:
+                    raise _overflow(at, rid)
+                request._pending = LifecycleEvent(
+                    self._env, self._on_decode_step, request, _DECODE, at
+                )
+            request.generated_token_count = tokens
+            if request.first_token_time_us is None:
+                request.first_token_time_us = now
+            self._processed_event_count += 1
+            self._event_log.append(now, event.sequence, _DECODE, rid)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_request_complete(self, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            now = self._env._now
+            request.transition_to(_FINISHED, now)
+            request._pending = None
+            self._active = None
+            if len(self._scheduler):
+                self._request_boundary()
+            self._processed_event_count += 1
+            self._event_log.append(now, event.sequence, _COMPLETE, request.request_id)
+            self._notify_terminal(request)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_boundary(self, event: Event) -> None:
+        try:
+            self._boundary_pending = False
+            self._boundary_fired = True
+            if self._active is None:
+                self._admit()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self) -> None:
+        """Admit the scheduler's head into the free slot, at the current time."""
+        scheduler = self._scheduler
+        now = self._env._now
+        decision = scheduler.decide(now)
+        if decision is None:
+            return
+        rid = decision.request_id
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"scheduler proposed request {rid}, unknown to this engine")
+        if request.state is not _WAITING:
+            raise InvalidTransitionError(
+                f"scheduler proposed request {rid}, which is {request.state.name}, not WAITING"
+            )
+        cost = self._backend.prefill_us(request.prompt_token_count, 1)
+        at = now + check_duration_us(cost, "prefill_us", rid)
+        if at > MAX_TIME_US:
+            raise _overflow(at, rid)
+        admitted = scheduler.commit(decision)
+        if admitted.request_id != rid:
+            raise InvalidTransitionError(
+                f"scheduler committed request {admitted.request_id} for a decision on {rid}"
+            )
+        request.transition_to(_PREFILLING, now)
+        request._pending = LifecycleEvent(
+            self._env, self._on_prefill_complete, request, _PREFILL, at
+        )
+        self._active = request
+        self._admission_log.append(now, rid, decision.epoch)
+
+    def _cancel_active(self, request: Request, now: int) -> None:
+        pending = request._pending
+        if pending is None or request is not self._active:
+            raise InvalidTransitionError(
+                f"request {request.request_id} is {request.state.name} but does not hold the slot"
+            )
+        request.transition_to(_CANCELLED, now)
+        self._authorize(request, pending)
+        self._active = None
+        if len(self._scheduler):
+            self._admit_now_or_at_boundary()
+
+
+def _positive_int(value: object, name: str) -> int:
+    try:
+        return check_count(value, name, minimum=1)
+    except TypeError as error:
+        raise _ArgumentTypeError(str(error)) from None
+
+
+class _ArgumentTypeError(TypeError, ValueError):
+    """A wrong type where the contract promises ``ValueError``: catchable as either."""

@@ -1,0 +1,188 @@
+"""What an engine writes down: event and admission records, kept in columns.
+
+Engines append four integers per event to typed arrays (8 bytes each) instead of
+creating a Python object per event; :class:`EventRecord` and :class:`AdmissionRecord`
+objects are made only when a reader asks for them. A log handed to a reader is a
+snapshot: it keeps the length it had when it was taken.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar, overload
+
+__all__ = [
+    "AdmissionLog",
+    "AdmissionRecord",
+    "EventLog",
+    "EventRecord",
+    "EventType",
+    "RecordView",
+]
+
+
+class EventType(enum.IntEnum):
+    """The kinds of lifecycle events an engine logs."""
+
+    REQUEST_ARRIVAL = 0
+    """The request reached the server and joined the admission queue."""
+    PREFILL_COMPLETE = 1
+    """The request's prompt (or its last prefill chunk) was processed."""
+    DECODE_STEP_COMPLETE = 2
+    """One output token was generated."""
+    REQUEST_COMPLETE = 3
+    """The request finished and left the server."""
+    REQUEST_PREEMPTED = 4
+    """The batching server evicted the request to free KV-cache blocks."""
+
+
+_EVENT_TYPES = tuple(EventType)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One processed lifecycle event: when, in which order, what, and for whom."""
+
+    timestamp_us: int
+    sequence: int
+    event_type: EventType
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRecord:
+    """One admission: the time, the request admitted and the scheduler epoch decided on."""
+
+    timestamp_us: int
+    request_id: int
+    epoch: int
+
+
+R = TypeVar("R")
+
+
+class RecordView(Sequence[R], Generic[R]):
+    """A read-only, fixed-length view of the first *length* rows of a columnar log.
+
+    Compares equal to any sequence with equal records in the same order.
+    """
+
+    __slots__ = ("_columns", "_length", "_make")
+
+    def __init__(self, columns: tuple[array[int], ...], length: int, make: type[R]) -> None:
+        self._columns = columns
+        self._length = length
+        self._make = make
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> R: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[R]: ...
+    def __getitem__(self, index: int | slice) -> R | list[R]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(f"record index {index} out of range for a log of {self._length}")
+        return self._row(index)
+
+    def _row(self, index: int) -> R:
+        return self._make(*(column[index] for column in self._columns))
+
+    def __iter__(self) -> Iterator[R]:
+        make = self._make
+        columns = [column[: self._length] for column in self._columns]
+        for row in zip(*columns, strict=True):
+            yield make(*row)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class _EventRecordView(RecordView[EventRecord]):
+    __slots__ = ()
+
+    def _row(self, index: int) -> EventRecord:
+        t, s, k, r = self._columns
+        return EventRecord(t[index], s[index], _EVENT_TYPES[k[index]], r[index])
+
+    def __iter__(self) -> Iterator[EventRecord]:
+        n = self._length
+        t, s, k, r = (column[:n] for column in self._columns)
+        types = _EVENT_TYPES
+        for ti, si, ki, ri in zip(t, s, k, r, strict=True):
+            yield EventRecord(ti, si, types[ki], ri)
+
+
+class EventLog:
+    """The columnar event log: timestamps, sequences, event types and request ids."""
+
+    __slots__ = ("request_ids", "sequences", "timestamps", "types")
+
+    def __init__(self) -> None:
+        self.timestamps: array[int] = array("q")
+        self.sequences: array[int] = array("q")
+        self.types: array[int] = array("b")
+        self.request_ids: array[int] = array("q")
+
+    def append(self, timestamp_us: int, sequence: int, event_type: int, request_id: int) -> None:
+        """Add one processed event."""
+        self.timestamps.append(timestamp_us)
+        self.sequences.append(sequence)
+        self.types.append(event_type)
+        self.request_ids.append(request_id)
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def view(self) -> RecordView[EventRecord]:
+        """A snapshot of the log as a sequence of :class:`EventRecord`."""
+        columns = (self.timestamps, self.sequences, self.types, self.request_ids)
+        return _EventRecordView(columns, len(self.timestamps), EventRecord)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the columns' used part (8 + 8 + 1 + 8 per event)."""
+        return sum(
+            c.itemsize * len(c)
+            for c in (self.timestamps, self.sequences, self.types, self.request_ids)
+        )
+
+
+class AdmissionLog:
+    """The columnar admission log: timestamps, request ids and scheduler epochs."""
+
+    __slots__ = ("epochs", "request_ids", "timestamps")
+
+    def __init__(self) -> None:
+        self.timestamps: array[int] = array("q")
+        self.request_ids: array[int] = array("q")
+        self.epochs: array[int] = array("q")
+
+    def append(self, timestamp_us: int, request_id: int, epoch: int) -> None:
+        """Add one admission."""
+        self.timestamps.append(timestamp_us)
+        self.request_ids.append(request_id)
+        self.epochs.append(epoch)
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def view(self) -> RecordView[AdmissionRecord]:
+        """A snapshot of the log as a sequence of :class:`AdmissionRecord`."""
+        columns = (self.timestamps, self.request_ids, self.epochs)
+        return RecordView(columns, len(self.timestamps), AdmissionRecord)

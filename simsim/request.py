@@ -1,0 +1,169 @@
+"""Requests and their lifecycle: the states, the legal transitions, the timestamps.
+
+A :class:`Request` is created by the user and handed to an engine, which from then on
+is its only writer. Every state change goes through :meth:`Request.transition_to`,
+which checks the transition table below before touching anything.
+
+==========================  ==========  =============================================
+from                        to          when
+==========================  ==========  =============================================
+WAITING                     PREFILLING  admitted; sets ``admit_time_us``
+PREFILLING                  DECODING    prefill done and ``max_output_tokens > 0``
+PREFILLING                  FINISHED    a zero-output request completes
+DECODING                    FINISHED    the last decode step completes
+WAITING/PREFILLING/DECODING CANCELLED   cancelled; ``finish_time_us`` = now
+PREFILLING/DECODING         PREEMPTED   evicted by the batching server
+PREEMPTED                   PREFILLING  readmitted by the batching server
+PREEMPTED                   CANCELLED   cancelled while waiting to be readmitted
+==========================  ==========  =============================================
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from simsim.clock import check_count, check_time_us
+from simsim.errors import InvalidTransitionError
+
+__all__ = ["LEGAL_TRANSITIONS", "TERMINAL_STATES", "Request", "RequestState"]
+
+
+class RequestState(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = enum.auto()
+    """Submitted; not yet arrived, or arrived and queued for admission."""
+    PREFILLING = enum.auto()
+    """Admitted; its prompt is being processed."""
+    DECODING = enum.auto()
+    """Generating output tokens, one per decode step."""
+    FINISHED = enum.auto()
+    """Completed normally (terminal)."""
+    CANCELLED = enum.auto()
+    """Cancelled explicitly (terminal)."""
+    PREEMPTED = enum.auto()
+    """Evicted by the batching server and queued again (never used by the single slot)."""
+
+
+TERMINAL_STATES: Final = frozenset({RequestState.FINISHED, RequestState.CANCELLED})
+
+_W, _P, _D = RequestState.WAITING, RequestState.PREFILLING, RequestState.DECODING
+_F, _C, _X = RequestState.FINISHED, RequestState.CANCELLED, RequestState.PREEMPTED
+
+LEGAL_TRANSITIONS: Final = frozenset(
+    {
+        (_W, _P),
+        (_P, _D),
+        (_P, _F),
+        (_D, _F),
+        (_W, _C),
+        (_P, _C),
+        (_D, _C),
+        (_P, _X),
+        (_D, _X),
+        (_X, _P),
+        (_X, _C),
+    }
+)
+"""Every ``(from, to)`` pair a request may take; any other pair is refused."""
+
+
+@dataclass(slots=True, eq=True)
+class Request:
+    """One inference request: its size, its lifecycle state and its timestamps.
+
+    Create it with the first four fields; the rest describe its progress and start
+    pristine (``WAITING``, no tokens, no timestamps), which is what an engine's
+    ``submit`` requires. All times are ``int`` microseconds; a timestamp that has not
+    happened is ``None``, never a sentinel number.
+    """
+
+    request_id: int
+    arrival_time_us: int
+    prompt_token_count: int
+    max_output_tokens: int
+    state: RequestState = RequestState.WAITING
+    generated_token_count: int = 0
+    admit_time_us: int | None = None
+    prefill_end_time_us: int | None = None
+    first_token_time_us: int | None = None
+    finish_time_us: int | None = None
+    # The engine's one outstanding lifecycle event for this request (not public state).
+    _pending: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field's type and range; normalise NumPy integers to ``int``.
+
+        Raises ``TypeError`` or ``ValueError`` naming the field and the value.
+        """
+        self.request_id = check_count(self.request_id, "request_id")
+        self.arrival_time_us = check_time_us(self.arrival_time_us, "arrival_time_us")
+        self.prompt_token_count = check_count(self.prompt_token_count, "prompt_token_count")
+        self.max_output_tokens = check_count(self.max_output_tokens, "max_output_tokens")
+        if not isinstance(self.state, RequestState):
+            raise TypeError(
+                f"request {self.request_id}: state must be a RequestState, got {self.state!r}"
+            )
+        self.generated_token_count = check_count(
+            self.generated_token_count, "generated_token_count"
+        )
+        for name in ("admit_time_us", "prefill_end_time_us", "first_token_time_us"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, check_time_us(value, name))
+        if self.finish_time_us is not None:
+            self.finish_time_us = check_time_us(self.finish_time_us, "finish_time_us")
+
+    @property
+    def is_pristine(self) -> bool:
+        """``True`` for a request that has never been touched by an engine."""
+        return (
+            self.state is RequestState.WAITING
+            and self.generated_token_count == 0
+            and self.admit_time_us is None
+            and self.prefill_end_time_us is None
+            and self.first_token_time_us is None
+            and self.finish_time_us is None
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        """``True`` once the request is ``FINISHED`` or ``CANCELLED``."""
+        return self.state in TERMINAL_STATES
+
+    def transition_to(self, new_state: RequestState, now_us: int) -> None:
+        """Move to *new_state* at time *now_us*, or raise without changing anything.
+
+        Sets the timestamp the transition defines: ``admit_time_us`` on the first
+        admission, ``finish_time_us`` on ``FINISHED`` and ``CANCELLED``. Engines call
+        this; a user normally never does.
+
+        Raises :class:`InvalidTransitionError` for a pair not in
+        :data:`LEGAL_TRANSITIONS` (including any move out of a terminal state).
+        """
+        old_state = self.state
+        if (old_state, new_state) not in LEGAL_TRANSITIONS:
+            raise InvalidTransitionError(
+                f"request {self.request_id}: illegal transition "
+                f"{old_state.name} -> {getattr(new_state, 'name', new_state)}"
+            )
+        if new_state is _D and self.max_output_tokens == 0:
+            raise InvalidTransitionError(
+                f"request {self.request_id}: PREFILLING -> DECODING needs max_output_tokens > 0"
+            )
+        if new_state is _F and self.generated_token_count != self.max_output_tokens:
+            raise InvalidTransitionError(
+                f"request {self.request_id}: {old_state.name} -> FINISHED needs all "
+                f"{self.max_output_tokens} output tokens, it has {self.generated_token_count}"
+            )
+        self.state = new_state
+        if new_state is _P:
+            if self.admit_time_us is None:
+                self.admit_time_us = now_us
+        elif new_state is _F or new_state is _C:
+            self.finish_time_us = now_us

@@ -1,0 +1,226 @@
+"""Admission policies: who runs next, decided from request metadata only.
+
+A scheduler holds :class:`QueuedRequest` records (immutable copies of a request's
+size and arrival), never the engine's :class:`~simsim.request.Request` objects. An
+engine talks to it through seven operations: ``enqueue``, ``remove``, ``decide``,
+``commit``, ``len``, ``epoch`` and ``stats``. Deciding and committing are separate so
+that a decision can be checked before anything changes: every mutation of the queue
+bumps the ``epoch``, and a decision made under another epoch, or naming a request that
+is not the head, is refused with :class:`~simsim.errors.StaleDecisionError`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from simsim.clock import check_count, check_time_us
+from simsim.errors import StaleDecisionError, UnknownRequestError
+
+__all__ = [
+    "AdmissionDecision",
+    "FcfsScheduler",
+    "QueuedRequest",
+    "Scheduler",
+    "SchedulerStats",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """What a scheduler may know of a request: its id, arrival time and size."""
+
+    request_id: int
+    arrival_time_us: int
+    prompt_token_count: int
+    max_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """A scheduler's proposal: admit *request_id*, valid only while the epoch is *epoch*."""
+
+    request_id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of a scheduler's counters."""
+
+    enqueued: int
+    admitted: int
+    removed: int
+    rejected_commits: int
+    max_queue_length: int
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """The interface an engine needs from an admission policy.
+
+    Any object with these members and the same rules is a scheduler: ``decide`` is
+    pure; ``commit`` admits only the decision's request when it is the current head
+    under the current epoch and raises :class:`StaleDecisionError` otherwise, changing
+    nothing but the ``rejected_commits`` counter; every queue mutation changes
+    ``epoch``.
+    """
+
+    def enqueue(self, item: QueuedRequest) -> None:
+        """Add an arrived (or preempted) request to the queue."""
+        ...
+
+    def remove(self, request_id: int) -> None:
+        """Take a queued request out (it was cancelled)."""
+        ...
+
+    def decide(self, now_us: int) -> AdmissionDecision | None:
+        """Propose the next admission without changing anything; ``None`` when empty."""
+        ...
+
+    def commit(self, decision: AdmissionDecision) -> QueuedRequest:
+        """Admit the decision's request and return its record."""
+        ...
+
+    def __len__(self) -> int:
+        """The number of queued requests."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """A number that changes on every mutation of the queue."""
+        ...
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """A snapshot of the scheduler's counters."""
+        ...
+
+
+class FcfsScheduler:
+    """First come, first served: order by ``(arrival_time_us, request_id)``.
+
+    Among simultaneous arrivals the lowest request id goes first, whatever order they
+    were submitted in. A preempted request re-enqueued with its original arrival time
+    goes back to its place near the front.
+    """
+
+    __slots__ = (
+        "_admitted",
+        "_enqueued",
+        "_epoch",
+        "_heap",
+        "_live",
+        "_max_queue_length",
+        "_rejected_commits",
+        "_removed",
+    )
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, QueuedRequest]] = []
+        # request id -> the live entry; entries of removed requests stay in the heap
+        # until they reach the top, and are recognised by identity.
+        self._live: dict[int, QueuedRequest] = {}
+        self._epoch = 0
+        self._enqueued = 0
+        self._admitted = 0
+        self._removed = 0
+        self._rejected_commits = 0
+        self._max_queue_length = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __repr__(self) -> str:
+        return f"FcfsScheduler(queued={len(self._live)}, epoch={self._epoch})"
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by every ``enqueue``, ``remove`` and successful ``commit``."""
+        return self._epoch
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """Counters since construction (a frozen snapshot)."""
+        return SchedulerStats(
+            enqueued=self._enqueued,
+            admitted=self._admitted,
+            removed=self._removed,
+            rejected_commits=self._rejected_commits,
+            max_queue_length=self._max_queue_length,
+        )
+
+    def queued_ids(self) -> list[int]:
+        """The queued request ids in admission order (for inspection and tests)."""
+        return [item.request_id for item in sorted(self._live.values(), key=_fcfs_key)]
+
+    def enqueue(self, item: QueuedRequest) -> None:
+        """Queue *item*; its id must not be queued already."""
+        if not isinstance(item, QueuedRequest):
+            raise TypeError(f"enqueue takes a QueuedRequest, got {type(item).__name__}")
+        rid = item.request_id
+        if rid in self._live:
+            raise ValueError(f"request {rid} is already queued")
+        # The enqueue counter breaks ties with a stale entry of the same id.
+        heapq.heappush(self._heap, (item.arrival_time_us, rid, self._enqueued, item))
+        self._live[rid] = item
+        self._epoch += 1
+        self._enqueued += 1
+        if len(self._live) > self._max_queue_length:
+            self._max_queue_length = len(self._live)
+
+    def remove(self, request_id: int) -> None:
+        """Take a queued request out; raises :class:`UnknownRequestError` if it is not queued."""
+        rid = check_count(request_id, "request_id")
+        if self._live.pop(rid, None) is None:
+            raise UnknownRequestError(f"request {rid} is not queued in this scheduler")
+        self._drop_dead_head()
+        self._epoch += 1
+        self._removed += 1
+
+    def decide(self, now_us: int) -> AdmissionDecision | None:
+        """The head of the queue under the current epoch, or ``None`` when empty."""
+        check_time_us(now_us, "now_us")
+        heap = self._heap
+        if not heap:
+            return None
+        return AdmissionDecision(heap[0][1], self._epoch)
+
+    def commit(self, decision: AdmissionDecision) -> QueuedRequest:
+        """Admit the head named by *decision* and return its record.
+
+        A decision from another epoch, or naming a request that is not the head, raises
+        :class:`StaleDecisionError` and leaves the queue and epoch unchanged.
+        """
+        heap = self._heap
+        if not isinstance(decision, AdmissionDecision):
+            raise TypeError(f"commit takes an AdmissionDecision, got {type(decision).__name__}")
+        if decision.epoch != self._epoch:
+            self._rejected_commits += 1
+            raise StaleDecisionError(
+                f"decision for request {decision.request_id} was made at epoch "
+                f"{decision.epoch}, the queue is at epoch {self._epoch}"
+            )
+        if not heap or heap[0][1] != decision.request_id:
+            self._rejected_commits += 1
+            head = heap[0][1] if heap else None
+            raise StaleDecisionError(
+                f"request {decision.request_id} is not the head of the queue (head: {head})"
+            )
+        _, rid, _, item = heapq.heappop(heap)
+        del self._live[rid]
+        self._drop_dead_head()
+        self._epoch += 1
+        self._admitted += 1
+        return item
+
+    def _drop_dead_head(self) -> None:
+        # Keep the invariant "the heap's top is live" so decide() stays a pure read.
+        heap, live = self._heap, self._live
+        while heap and live.get(heap[0][1]) is not heap[0][3]:
+            heapq.heappop(heap)
+
+
+def _fcfs_key(item: QueuedRequest) -> tuple[int, int]:
+    return (item.arrival_time_us, item.request_id)
