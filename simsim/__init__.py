@@ -5,7 +5,7 @@ analytical cost model, never measured hardware performance.
 """
 
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
-from simsim.clock import Environment
+from simsim.clock import Environment, ms_to_us, seconds_to_us
 from simsim.engines import SimulationEngine
 from simsim.errors import (
     EngineFailedError,
@@ -17,6 +17,7 @@ from simsim.errors import (
 )
 from simsim.records import AdmissionRecord, EventRecord, EventType
 from simsim.request import Request, RequestState
+from simsim.results import summarize
 from simsim.scheduler import (
     AdmissionDecision,
     FcfsScheduler,
@@ -50,4 +51,7 @@ __all__ = [
     "StaleEventError",
     "UnknownRequestError",
     "__version__",
+    "ms_to_us",
+    "seconds_to_us",
+    "summarize",
 ]

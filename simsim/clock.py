@@ -15,6 +15,8 @@ model that runs on it, simsim's engines and foreign SimPy processes alike:
 from __future__ import annotations
 
 import operator
+from decimal import ROUND_HALF_EVEN, Decimal
+from fractions import Fraction
 from heapq import heappop, heappush
 from types import MethodType
 from typing import Any
@@ -29,7 +31,10 @@ __all__ = [
     "NORMAL",
     "URGENT",
     "Environment",
+    "check_count",
     "check_time_us",
+    "ms_to_us",
+    "seconds_to_us",
 ]
 
 MAX_TIME_US = 2**63 - 1
@@ -89,6 +94,43 @@ def check_count(value: object, name: str, *, minimum: int = 0) -> int:
     if value > MAX_TIME_US:
         raise OverflowError(f"{name} = {value} is past the 64-bit limit 2**63 - 1")
     return value
+
+
+def _scaled_to_us(value: object, scale: int, unit: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{unit} must be a real number, got bool {value!r}")
+    if not isinstance(value, int | float | Decimal | Fraction):
+        try:
+            value = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{unit} must be a real number, got {type(value).__name__}") from None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{unit} must be finite, got {value!r}")
+        # The shortest decimal that round-trips is the value the user wrote.
+        value = Decimal(repr(value))
+    exact = Decimal(value) if not isinstance(value, Fraction) else value
+    scaled = exact * scale
+    if isinstance(scaled, Fraction):
+        rounded = round(scaled)
+    else:
+        rounded = int(scaled.quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    return check_time_us(rounded, f"{unit} in microseconds")
+
+
+def seconds_to_us(seconds: float | int | Decimal | Fraction) -> int:
+    """Convert seconds to whole microseconds: ``seconds_to_us(1.5) == 1_500_000``.
+
+    The one rounding rule simsim uses everywhere: the decimal value as written (a float
+    is read through its shortest ``repr``) is rounded to the nearest microsecond, ties
+    to even. The result must be a valid time (non-negative, at most ``2**63 - 1``).
+    """
+    return _scaled_to_us(seconds, 1_000_000, "seconds")
+
+
+def ms_to_us(milliseconds: float | int | Decimal | Fraction) -> int:
+    """Convert milliseconds to whole microseconds with :func:`seconds_to_us`'s rule."""
+    return _scaled_to_us(milliseconds, 1_000, "milliseconds")
 
 
 class Environment(simpy.Environment):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import simpy
 from simpy.events import PENDING, Event
@@ -37,6 +37,9 @@ from simsim.records import (
 )
 from simsim.request import Request, RequestState
 from simsim.scheduler import FcfsScheduler, Scheduler, SchedulerStats
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["EngineBase", "LifecycleEvent", "check_duration_us"]
 
@@ -205,6 +208,29 @@ class EngineBase:
         """The scheduler's counters."""
         self._check_alive()
         return self._scheduler.stats
+
+    # ------------------------------------------------------------------ frames
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per request in id order; see :func:`simsim.results.requests_frame`."""
+        self._check_alive()
+        from simsim.results import requests_frame
+
+        return requests_frame(self._requests)
+
+    def events_frame(self) -> pd.DataFrame:
+        """One row per :attr:`event_log` entry, same order."""
+        self._check_alive()
+        from simsim.results import events_frame
+
+        return events_frame(self._event_log)
+
+    def admissions_frame(self) -> pd.DataFrame:
+        """One row per :attr:`admission_log` entry: ``timestamp_us, request_id, epoch``."""
+        self._check_alive()
+        from simsim.results import admissions_frame
+
+        return admissions_frame(self._admission_log)
 
     # ------------------------------------------------------------------ driving
 

@@ -1,0 +1,88 @@
+"""Every example runs, prints exactly its committed output, and returns sane results.
+
+Simulations are deterministic, so an example's printed report is a contract: the golden
+files in tests/golden/ are compared line for line. Regenerate one deliberately with
+``python examples/NAME.py > tests/golden/NAME.txt`` when a change is meant to alter it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+SCRIPTS = sorted(path.stem for path in EXAMPLES.glob("*.py"))
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_example_has_a_golden_output() -> None:
+    assert SCRIPTS, "no examples found"
+    assert sorted(path.stem for path in GOLDEN.glob("*.txt")) == SCRIPTS
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_example_prints_its_golden_output(name: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (GOLDEN / f"{name}.txt").read_text()
+
+
+def test_open_loop_finishes_every_request(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = load("open_loop").main(seed=7, count=200)["value"]
+    assert summary["requests"] == 200
+    assert summary["count_FINISHED"] == 200
+    # Requests wait in the queue, but every latency is at least its own queueing delay.
+    assert summary["e2e_latency_us_mean"] > summary["queue_delay_us_mean"] > 0
+    assert "finished:        200" in capsys.readouterr().out
+
+
+def test_closed_loop_throughput_rises_then_saturates() -> None:
+    results = load("closed_loop").main()
+    throughputs = [results[users][0] for users in sorted(results)]
+    latencies = [results[users][1] for users in sorted(results)]
+    assert throughputs == sorted(throughputs)
+    assert latencies == sorted(latencies)
+    # Doubling 8 -> 16 users gains far less than doubling 1 -> 2: the slot saturates.
+    assert throughputs[4] / throughputs[3] < throughputs[1] / throughputs[0]
+
+
+def test_client_timeouts_more_patience_fewer_cancellations() -> None:
+    results = load("client_timeouts").main()
+    for counts in results.values():
+        assert counts["finished"] + counts["cancelled"] == 300
+        assert (
+            counts["cancelled_while_queued"] + counts["cancelled_while_running"]
+            == counts["cancelled"]
+        )
+    cancelled = [results[patience]["cancelled"] for patience in sorted(results)]
+    assert cancelled == sorted(cancelled, reverse=True)
+
+
+def test_load_balancer_shares_the_load_and_keeps_running() -> None:
+    result = load("load_balancer").main()
+    # The monitor sampled every 100 ms for 30 s; its process never ends.
+    assert result["samples"] == 300
+    finished = [result[f"server{i}"]["count_FINISHED"] for i in range(2)]  # type: ignore[index]
+    assert all(count > 200 for count in finished)
+    assert abs(finished[0] - finished[1]) < 0.25 * sum(finished)
