@@ -86,3 +86,23 @@ def test_load_balancer_shares_the_load_and_keeps_running() -> None:
     finished = [result[f"server{i}"]["count_FINISHED"] for i in range(2)]  # type: ignore[index]
     assert all(count > 200 for count in finished)
     assert abs(finished[0] - finished[1]) < 0.25 * sum(finished)
+
+
+def test_scenario_example_validates_and_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pandas as pd
+
+    from simsim.cli import main
+
+    scenario = EXAMPLES / "scenarios" / "small.toml"
+    assert main(["validate", str(scenario)]) == 0
+    assert "25 requests, 1 cancellations" in capsys.readouterr().out
+    assert main(["run", str(scenario), "--out", str(tmp_path)]) == 0
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    # 2 inline + 3 traced + 20 generated; request 102 cancelled at 0.4 s.
+    assert len(requests) == 25
+    cancelled = requests[requests["state"] == "CANCELLED"]
+    assert cancelled["request_id"].tolist() == [102]
+    assert cancelled["finish_time_us"].tolist() == [400_000]
+    assert (requests[requests["request_id"] != 102]["state"] == "FINISHED").all()

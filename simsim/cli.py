@@ -1,0 +1,209 @@
+"""The ``simsim`` command-line tool: run, validate and plot scenarios.
+
+``simsim run [SCENARIO.toml] [--out DIR] [--format csv|parquet] [--seed N]`` runs a
+scenario (the built-in default when none is given), prints a summary table and writes
+``requests``, ``events``, ``admissions`` and ``summary`` files. ``simsim validate``
+checks a scenario file without running it; ``simsim plot DIR`` draws figures from a
+results folder. Exit status: 0 on success, 2 for a bad scenario or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import pandas as pd
+
+from simsim.results import summarize
+from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
+
+__all__ = ["main"]
+
+RESULT_TABLES = ("requests", "events", "admissions", "summary")
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal, shown only once a run takes a moment."""
+
+    def __init__(self, stream: TextIO, label: str, *, delay_s: float = 0.5) -> None:
+        self._stream = stream
+        self._label = label
+        self._delay_s = delay_s
+        self._start = time.monotonic()
+        self._shown = False
+        self._enabled = stream.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._enabled:
+            return
+        elapsed = time.monotonic() - self._start
+        if not self._shown and elapsed < self._delay_s and done < total:
+            return
+        if not self._shown and done >= total:
+            return  # finished before it was worth showing
+        self._shown = True
+        fraction = done / total if total else 1.0
+        filled = int(30 * fraction)
+        bar = "#" * filled + "-" * (30 - filled)
+        self._stream.write(f"\r{self._label} [{bar}] {done}/{total} ({elapsed:.1f}s)")
+        if done >= total:
+            self._stream.write("\n")
+        self._stream.flush()
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="simsim",
+        description="Simulate an LLM serving engine (simulated costs, not measured hardware).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run a scenario and write its results")
+    run.add_argument("scenario", nargs="?", help="a scenario TOML file (default: built-in demo)")
+    run.add_argument(
+        "--out", default="simsim-results", help="results folder (default: %(default)s)"
+    )
+    run.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format")
+    run.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
+
+    validate = commands.add_parser("validate", help="check a scenario file without running it")
+    validate.add_argument("scenario", help="a scenario TOML file")
+
+    plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
+    plot.add_argument("results", help="a folder written by 'simsim run'")
+    plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``simsim`` console script; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "validate":
+            return _validate(args)
+        return _plot(args)
+    except ScenarioError as error:
+        print(f"simsim: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; that is not an error of ours.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+
+
+def _load(args: argparse.Namespace) -> Scenario:
+    if args.seed is not None and args.seed < 0:
+        raise ScenarioError("--seed", "", f"must be >= 0, got {args.seed}")
+    if args.scenario is None:
+        return default_scenario(0 if args.seed is None else args.seed)
+    return load_scenario(args.scenario, seed=args.seed)
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = _load(args)
+    if args.format == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            print(
+                "simsim: error: --format parquet needs pyarrow: pip install 'simsim[parquet]'",
+                file=sys.stderr,
+            )
+            return 2
+    started = time.monotonic()
+    engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
+    wall_s = time.monotonic() - started
+    frames = {
+        "requests": engine.requests_frame(),
+        "events": engine.events_frame(),
+        "admissions": engine.admissions_frame(),
+    }
+    summary = summarize(frames["requests"])
+    frames["summary"] = summary.reset_index()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in frames.items():
+        path = out / f"{name}.{args.format}"
+        if args.format == "csv":
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path, index=False)
+    print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
+    print(_summary_table(summary))
+    print(
+        f"{engine.processed_event_count} events simulated in {wall_s:.2f} s of wall time; "
+        f"results in {out}/ ({args.format})"
+    )
+    print("All times are simulated from the cost model, not measured on hardware.")
+    return 0
+
+
+def _summary_table(summary: pd.DataFrame) -> str:
+    values = summary["value"]
+    lines = []
+    counts = ", ".join(
+        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
+        for name in values.index
+        if name.startswith("count_") and values[name] > 0
+    )
+    lines.append(f"requests      {values['requests']:.0f} ({counts})")
+    lines.append(f"makespan      {_ms(values['makespan_us'])}")
+    lines.append(
+        f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
+        f"{values['throughput_tokens_per_s']:.1f} tokens/s"
+    )
+    lines.append(f"{'':14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}")
+    for column, label in (
+        ("queue_delay_us", "queue delay"),
+        ("ttft_us", "TTFT"),
+        ("e2e_latency_us", "e2e latency"),
+        ("tpot_us", "TPOT"),
+    ):
+        cells = "".join(
+            f"{_ms(values[f'{column}_{stat}']):>12}" for stat in ("mean", "p50", "p90", "p99")
+        )
+        lines.append(f"{label:<14}{cells}")
+    return "\n".join(lines)
+
+
+def _ms(value_us: float) -> str:
+    if pd.isna(value_us):
+        return "-"
+    return f"{value_us / 1000:.1f} ms"
+
+
+def _validate(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    requests = scenario.all_requests()
+    print(
+        f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+        f"{len(requests)} requests, {len(scenario.cancellations)} cancellations"
+    )
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    try:
+        from simsim import plots
+    except ImportError as error:
+        print(
+            f"simsim: error: plotting needs matplotlib ({error.name} is missing): "
+            "pip install 'simsim[plot]'",
+            file=sys.stderr,
+        )
+        return 2
+    written = plots.plot_results(Path(args.results), Path(args.out) if args.out else None)
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
