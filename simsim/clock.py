@@ -18,6 +18,7 @@ import operator
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 from heapq import heappop, heappush
+from itertools import count
 from types import MethodType
 from typing import Any
 
@@ -150,6 +151,8 @@ class Environment(simpy.Environment):
         super().__init__(start)
         self._now: int = start
         self._processing = False
+        # Heap keys for the run() machinery (negative, so never equal to a sequence).
+        self._aside = count(-1, -1)
         # simpy.Environment binds its event factories only for names in the class's own
         # __dict__, which a subclass does not share; bind them here so that
         # env.timeout(...) costs what it costs on a plain environment.
@@ -219,9 +222,13 @@ class Environment(simpy.Environment):
             for callback in callbacks:
                 callback(event)
         except StopSimulation:
-            # As SimPy does: keep the remaining callbacks for when the run resumes.
-            event.callbacks = callbacks[callbacks.index(callback) + 1 :]
-            self.schedule(event, EventPriority(-1))
+            # As SimPy does, keep any remaining callbacks for when the run resumes; but
+            # an event with none left is simply processed, so no stale entry stays in
+            # the heap, and its key comes from the side counter (see run()).
+            remaining = callbacks[callbacks.index(callback) + 1 :]
+            if remaining:
+                event.callbacks = remaining
+                heappush(self._queue, (self._now, EventPriority(-1), next(self._aside), event))
             raise
         finally:
             self._processing = False
@@ -235,7 +242,34 @@ class Environment(simpy.Environment):
         """Run until *until* (an ``int`` time or an event), or until the heap is empty.
 
         A float or ``bool`` time raises ``TypeError``; NumPy integers are converted.
+        Unlike plain SimPy, the stop event takes its heap key from a separate counter,
+        so driving a model with ``run(until=...)`` numbers every other event exactly as
+        stepping through it would; and it leaves nothing behind in the heap.
         """
-        if until is not None and not isinstance(until, Event):
-            until = check_time_us(until, "until")
-        return super().run(until)
+        if until is not None:
+            if not isinstance(until, Event):
+                at = check_time_us(until, "until")
+                if at <= self._now:
+                    raise ValueError(
+                        f"until ({at}) must be greater than the current time {self._now}"
+                    )
+                until = Event(self)
+                until._ok = True
+                until._value = None
+                # Before every other event at that time: the run stops as time reaches it.
+                heappush(self._queue, (at, URGENT, next(self._aside), until))
+            elif until.callbacks is None:
+                return until.value
+            until.callbacks.append(StopSimulation.callback)
+        try:
+            while True:
+                self.step()
+        except StopSimulation as stop:
+            return stop.args[0]
+        except EmptySchedule:
+            if until is not None:
+                assert not until.triggered
+                raise RuntimeError(
+                    f'No scheduled events left but "until" event was not triggered: {until}'
+                ) from None
+        return None
