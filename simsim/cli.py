@@ -10,6 +10,7 @@ results folder. Exit status: 0 on success, 2 for a bad scenario or bad arguments
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -108,15 +109,12 @@ def _load(args: argparse.Namespace) -> Scenario:
 
 def _run(args: argparse.Namespace) -> int:
     scenario = _load(args)
-    if args.format == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            print(
-                "simsim: error: --format parquet needs pyarrow: pip install 'simsim[parquet]'",
-                file=sys.stderr,
-            )
-            return 2
+    if args.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        print(
+            "simsim: error: --format parquet needs pyarrow: pip install 'simsim[parquet]'",
+            file=sys.stderr,
+        )
+        return 2
     started = time.monotonic()
     engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
     wall_s = time.monotonic() - started

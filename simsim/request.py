@@ -146,6 +146,7 @@ class Request:
         Raises :class:`InvalidTransitionError` for a pair not in
         :data:`LEGAL_TRANSITIONS` (including any move out of a terminal state).
         """
+        now_us = check_time_us(now_us, "now_us")
         old_state = self.state
         if (old_state, new_state) not in LEGAL_TRANSITIONS:
             raise InvalidTransitionError(

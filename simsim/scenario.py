@@ -418,7 +418,7 @@ def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[Reque
         if unknown:
             raise ScenarioError(source, "line 1", f"unknown columns {unknown}")
         index = {name: header.index(name) for name in header}
-        specs = []
+        specs: list[RequestSpec] = []
         for row in reader:
             line = reader.line_num
             if not row or all(not cell.strip() for cell in row):

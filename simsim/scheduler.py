@@ -36,6 +36,16 @@ class QueuedRequest:
     prompt_token_count: int
     max_output_tokens: int
 
+    def __post_init__(self) -> None:
+        # Checked like Request's fields, so user-built records obey the same rules.
+        for name, check in (
+            ("request_id", check_count),
+            ("arrival_time_us", check_time_us),
+            ("prompt_token_count", check_count),
+            ("max_output_tokens", check_count),
+        ):
+            object.__setattr__(self, name, check(getattr(self, name), name))
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:

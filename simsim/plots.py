@@ -1,0 +1,508 @@
+"""PNG figures drawn from a results folder written by ``simsim run``.
+
+:func:`plot_results` reads the tables of a results folder (CSV or parquet) and writes:
+
+- ``latency_cdf.png``: empirical CDFs of TTFT and end-to-end latency, in milliseconds;
+- ``timeline.png``: queue length and slot occupancy over simulated time, rebuilt from
+  the requests table by :func:`occupancy_series`;
+- ``gantt.png``: one row per request (waiting, prefill, decoding; cancellations
+  marked), only for runs of at most :data:`GANTT_MAX_REQUESTS` requests.
+
+Only the result tables are read, never an engine. Every time shown is simulated from
+the cost model, not measured on hardware, and every figure says so.
+
+Importing this module imports matplotlib (and selects its non-interactive ``Agg``
+backend), so ``from simsim import plots`` raises ``ImportError`` when matplotlib is not
+installed (``pip install 'simsim[plot]'``).
+
+To add a figure, write a function ``(ResultsFolder) -> Figure | None`` (``None`` skips
+it, e.g. when an optional table such as ``iterations`` is absent) and append a
+:class:`FigureSpec` to :data:`FIGURES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from simsim.results import REQUEST_COLUMNS
+
+__all__ = [
+    "FIGURES",
+    "GANTT_MAX_REQUESTS",
+    "FigureSpec",
+    "ResultsFolder",
+    "draw_gantt",
+    "draw_latency_cdf",
+    "draw_timeline",
+    "occupancy_series",
+    "plot_results",
+    "read_requests",
+]
+
+GANTT_MAX_REQUESTS: Final = 60
+"""The Gantt chart is drawn only for runs of at most this many requests."""
+
+TIMELINE_SMOOTH_AFTER: Final = 400
+"""Above this many steps the timeline also draws windowed means of its counts."""
+
+TIMELINE_WINDOWS: Final = 200
+"""How many equal windows the timeline's windowed means use."""
+
+SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
+
+Format = Literal["csv", "parquet"]
+
+_INT_COLUMNS: Final = (
+    "arrival_time_us",
+    "prompt_token_count",
+    "max_output_tokens",
+    "generated_token_count",
+    "admit_time_us",
+    "prefill_end_time_us",
+    "first_token_time_us",
+    "finish_time_us",
+    "queue_delay_us",
+    "ttft_us",
+    "e2e_latency_us",
+)
+_REQUEST_DTYPES: Final[dict[str, str]] = {
+    "request_id": "int64",
+    "state": "str",
+    **dict.fromkeys(_INT_COLUMNS, "Int64"),
+    "tpot_us": "Float64",
+}
+
+_WAIT_COLOR: Final = "#bdbdbd"
+_PREFILL_COLOR: Final = "#ff7f0e"
+_DECODE_COLOR: Final = "#1f77b4"
+_CANCEL_COLOR: Final = "#d62728"
+_DPI: Final = 120
+
+
+# ---------------------------------------------------------------------- reading
+
+
+class ResultsFolder:
+    """The tables of one results folder, read on demand in the folder's format.
+
+    The format is the one of ``requests.parquet`` or ``requests.csv``, whichever
+    exists; if both do, the more recently written one wins (parquet on a tie). Every
+    other table is read in that same format. Tables are cached once read.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FileNotFoundError(
+                f"results folder {self.folder} does not exist or is not a folder "
+                "(write one with 'simsim run --out DIR')"
+            )
+        self.format: Format = _detect_format(self.folder)
+        self._tables: dict[str, pd.DataFrame] = {}
+
+    def path(self, name: str) -> Path:
+        """Where table *name* lives in this folder (it may not exist)."""
+        return self.folder / f"{name}.{self.format}"
+
+    def has(self, name: str) -> bool:
+        """Whether table *name* exists in this folder's format."""
+        return self.path(name).is_file()
+
+    def table(self, name: str) -> pd.DataFrame:
+        """Table *name*; ``FileNotFoundError`` naming the folder and file if absent."""
+        if name not in self._tables:
+            path = self.path(name)
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"results folder {self.folder} has no {path.name} "
+                    f"(the other tables there are {self.format})"
+                )
+            dtypes = _REQUEST_DTYPES if name == "requests" else None
+            self._tables[name] = _read(path, self.format, dtypes)
+        return self._tables[name]
+
+    def requests(self) -> pd.DataFrame:
+        """The requests table, with the dtypes of :func:`simsim.results.requests_frame`."""
+        frame = self.table("requests")
+        missing = [c for c in REQUEST_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{self.path('requests')} lacks the columns {missing}")
+        return frame
+
+
+def _detect_format(folder: Path) -> Format:
+    csv = folder / "requests.csv"
+    parquet = folder / "requests.parquet"
+    if csv.is_file() and parquet.is_file():
+        return "csv" if csv.stat().st_mtime_ns > parquet.stat().st_mtime_ns else "parquet"
+    if parquet.is_file():
+        return "parquet"
+    if csv.is_file():
+        return "csv"
+    raise FileNotFoundError(
+        f"results folder {folder} has no requests.csv or requests.parquet "
+        "(write one with 'simsim run --out DIR')"
+    )
+
+
+def _read(path: Path, fmt: Format, dtypes: dict[str, str] | None) -> pd.DataFrame:
+    if fmt == "csv":
+        frame = pd.read_csv(path)
+    else:
+        try:
+            frame = pd.read_parquet(path)
+        except ImportError as error:
+            raise ImportError(
+                f"reading {path} needs pyarrow: pip install 'simsim[parquet]'",
+                name=error.name,
+            ) from error
+    if dtypes:
+        present = {c: t for c, t in dtypes.items() if c in frame.columns}
+        try:
+            frame = frame.astype(present)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
+    return frame
+
+
+def read_requests(folder: Path) -> pd.DataFrame:
+    """The requests table of a results folder, typed as ``requests_frame()`` types it."""
+    return ResultsFolder(folder).requests()
+
+
+# ---------------------------------------------------------------------- series
+
+
+def occupancy_series(requests: pd.DataFrame) -> pd.DataFrame:
+    """Queue length and slot occupancy over time, rebuilt from a requests table.
+
+    A request is *queued* from its arrival until it is admitted or cancelled, whichever
+    comes first (a request cancelled before it arrives never queues), and *occupies* a
+    slot from its admission until it finishes or is cancelled. A request still queued
+    or active at the end of the table (no admit or finish time) stays counted.
+
+    Returns columns ``time_us``, ``queue_length`` and ``occupancy`` (all ``int64``):
+    one row at time 0 and one at every later time where either count changes, holding
+    the counts after every change at that time, so the counts at any time ``t >= 0`` are
+    those of the last row with ``time_us <= t``. Zero-length stays (admitted and
+    cancelled at once) leave no trace.
+
+    Limitation: the requests table keeps one admission time, so a request preempted and
+    readmitted by a batching server is counted as active from its first admission.
+    """
+    arrival = requests["arrival_time_us"].astype("Int64")
+    admit = requests["admit_time_us"].astype("Int64")
+    finish = requests["finish_time_us"].astype("Int64")
+    queue_end = admit.fillna(finish)
+    queue = _deltas(arrival, queue_end)
+    active = admit.notna()
+    occupancy = _deltas(admit[active], finish[active])
+    times = np.union1d(np.union1d(queue.index, occupancy.index), np.array([0], dtype=np.int64))
+    q = queue.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
+    o = occupancy.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
+    keep = np.ones(len(times), dtype=bool)
+    keep[1:] = (q[1:] != q[:-1]) | (o[1:] != o[:-1])
+    return pd.DataFrame(
+        {
+            "time_us": times[keep].astype(np.int64),
+            "queue_length": q[keep],
+            "occupancy": o[keep],
+        }
+    )
+
+
+def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
+    """+1 at each start and -1 at each end, summed per time; open intervals never end."""
+    start_values = start.to_numpy(dtype=np.int64)
+    open_ended = end.isna().to_numpy(dtype=bool)
+    end_values = end.fillna(0).to_numpy(dtype=np.int64)
+    nonempty = open_ended | (end_values > start_values)
+    closes = nonempty & ~open_ended
+    times = np.concatenate([start_values[nonempty], end_values[closes]])
+    steps = np.concatenate(
+        [np.ones(int(nonempty.sum()), np.int64), -np.ones(int(closes.sum()), np.int64)]
+    )
+    if len(times) == 0:
+        return pd.Series(np.zeros(0, np.int64), index=np.zeros(0, np.int64), dtype="int64")
+    return pd.Series(steps, index=times, dtype="int64").groupby(level=0).sum()
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def draw_latency_cdf(requests: pd.DataFrame) -> Figure:
+    """Empirical CDFs of TTFT and end-to-end latency (ms), side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, layout="constrained")
+    total = len(requests)
+    for ax, column, label, why in (
+        (axes[0], "ttft_us", "TTFT (time to first token)", "no first token"),
+        (axes[1], "e2e_latency_us", "end-to-end latency", "not finished"),
+    ):
+        values_ms = np.sort(_present(requests[column])) / 1000.0
+        n = len(values_ms)
+        ax.set_title(label)
+        ax.set_xlabel(f"{label.split(' (')[0]} (ms, simulated)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, alpha=0.3)
+        if n == 0:
+            _no_data(ax, f"no request has a {label.split(' (')[0]}")
+            continue
+        fraction = np.arange(1, n + 1) / n
+        left_out = f"; {total - n} {why}" if total > n else ""
+        ax.step(
+            np.concatenate([[values_ms[0]], values_ms]),
+            np.concatenate([[0.0], fraction]),
+            where="post",
+            color=_DECODE_COLOR,
+            label=f"{n} of {total} requests{left_out}",
+        )
+        for q, style in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
+            value = float(np.quantile(values_ms, q))
+            ax.axvline(
+                value,
+                color="0.35",
+                linestyle=style,
+                linewidth=1,
+                label=f"p{round(q * 100)} = {_fmt_ms(value)}",
+            )
+        ax.legend(loc="lower right", fontsize="small")
+    axes[0].set_ylabel("fraction of requests")
+    fig.suptitle(f"Latency CDFs ({SIMULATED_NOTE})")
+    return fig
+
+
+def draw_timeline(requests: pd.DataFrame) -> Figure:
+    """Queue length and slot occupancy over simulated time, as step plots.
+
+    When the counts change more than :data:`TIMELINE_SMOOTH_AFTER` times, each panel
+    also shows the time-weighted mean over :data:`TIMELINE_WINDOWS` equal windows, which
+    stays readable where the raw steps blur together.
+    """
+    series = occupancy_series(requests)
+    times = series["time_us"].to_numpy(dtype=np.int64)
+    end = max(int(times[-1]), _horizon_us(requests))
+    scale, unit = _time_unit(end)
+    x = np.append(times, end) / scale
+    busy = len(series) > TIMELINE_SMOOTH_AFTER and end > 0
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(11, 6), sharex=True, layout="constrained", height_ratios=(3, 2)
+    )
+    for ax, column, ylabel, what, color in (
+        (top, "queue_length", "queue length", "queued (arrived, not yet admitted)", "0.35"),
+        (bottom, "occupancy", "occupied slots", "active (admitted, not yet done)", _DECODE_COLOR),
+    ):
+        values = series[column].to_numpy(dtype=np.int64)
+        y = np.append(values, values[-1])
+        ax.step(
+            x,
+            y,
+            where="post",
+            color=color,
+            linewidth=0.6 if busy else 1.2,
+            alpha=0.45 if busy else 1,
+        )
+        ax.fill_between(x, y, step="post", color=color, alpha=0.15 if busy else 0.25, label=what)
+        if busy:
+            centers, means = _windowed_mean(times, values, end, TIMELINE_WINDOWS)
+            window = end / TIMELINE_WINDOWS / scale
+            ax.plot(
+                centers / scale,
+                means,
+                color="black" if color == "0.35" else "#08306b",
+                linewidth=1.6,
+                label=f"time-weighted mean per {window:.3g} {unit} window",
+            )
+        ax.set_ylabel(f"{ylabel} (requests)")
+        ax.set_ylim(0, max(1, int(values.max())) * 1.3)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize="small", ncol=2)
+    if len(requests) == 0:
+        _no_data(top, "no requests")
+    bottom.set_xlabel(f"simulated time ({unit})")
+    bottom.set_xlim(0, end / scale if end > 0 else 1)
+    fig.suptitle(f"Queue length and slot occupancy, {len(requests)} requests ({SIMULATED_NOTE})")
+    return fig
+
+
+def _windowed_mean(
+    times: npt.NDArray[np.int64], values: npt.NDArray[np.int64], end: int, windows: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Window centres and time-weighted means of a step function over [0, end)."""
+    breaks = np.append(times, end).astype(np.float64)
+    area = np.concatenate([[0.0], np.cumsum(values * np.diff(breaks))])
+    edges = np.linspace(0.0, float(end), windows + 1)
+    totals = np.diff(np.interp(edges, breaks, area))
+    return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
+
+
+def draw_gantt(requests: pd.DataFrame) -> Figure:
+    """One row per request: waiting, prefill and decoding bars; cancellations marked."""
+    ordered = requests.sort_values("request_id", kind="stable").reset_index(drop=True)
+    n = len(ordered)
+    horizon = _horizon_us(ordered)
+    scale, unit = _time_unit(horizon)
+    fig, ax = plt.subplots(figsize=(11, max(3.0, 1.6 + 0.28 * n)), layout="constrained")
+    height = 0.7
+    cancelled_x: list[float] = []
+    cancelled_y: list[int] = []
+    columns = zip(
+        ordered["arrival_time_us"].astype("Int64").tolist(),
+        _optional_ints(ordered["admit_time_us"]),
+        _optional_ints(ordered["prefill_end_time_us"]),
+        _optional_ints(ordered["finish_time_us"]),
+        ordered["state"].astype(str).tolist(),
+        strict=True,
+    )
+    for row, (arrival, admit, prefill_end, finish, state) in enumerate(columns):
+        stop = horizon if finish is None else finish
+        segments: list[tuple[int | None, int | None, str]] = [
+            (arrival, admit if admit is not None else stop, _WAIT_COLOR),
+            (admit, prefill_end if prefill_end is not None else stop, _PREFILL_COLOR),
+            (prefill_end, stop, _DECODE_COLOR),
+        ]
+        for begin, until, color in segments:
+            if begin is None or until is None or until <= begin:
+                continue
+            ax.broken_barh(
+                [(begin / scale, (until - begin) / scale)],
+                (row - height / 2, height),
+                facecolors=color,
+            )
+        if state == "CANCELLED" and finish is not None:
+            cancelled_x.append(finish / scale)
+            cancelled_y.append(row)
+    if cancelled_x:
+        ax.scatter(cancelled_x, cancelled_y, marker="x", s=40, color=_CANCEL_COLOR, zorder=3)
+    ax.set_yticks(range(n), [str(r) for r in ordered["request_id"]])
+    ax.tick_params(axis="y", labelsize="small" if n <= 30 else "x-small")
+    ax.set_ylim(n - 0.5 if n else 0.5, -0.5)
+    ax.set_xlim(0, horizon / scale if horizon > 0 else 1)
+    ax.set_xlabel(f"simulated time ({unit})")
+    ax.set_ylabel("request id")
+    ax.grid(True, axis="x", alpha=0.3)
+    if n == 0:
+        _no_data(ax, "no requests")
+    ax.legend(
+        handles=[
+            Patch(color=_WAIT_COLOR, label="waiting (arrival to admission)"),
+            Patch(color=_PREFILL_COLOR, label="prefill (admission to prefill end)"),
+            Patch(color=_DECODE_COLOR, label="decoding (prefill end to finish)"),
+            Line2D([], [], marker="x", linestyle="none", color=_CANCEL_COLOR, label="cancelled"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.08 if n > 10 else -0.18),
+        ncol=4,
+        fontsize="small",
+        frameon=False,
+    )
+    ax.set_title(f"Per-request timeline, {n} requests ({SIMULATED_NOTE})")
+    return fig
+
+
+# ---------------------------------------------------------------------- driver
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure :func:`plot_results` may write: its file name and how to draw it.
+
+    ``draw`` returns ``None`` to skip the figure (nothing is written or listed).
+    """
+
+    filename: str
+    draw: Callable[[ResultsFolder], Figure | None] = field(repr=False)
+
+
+def _gantt_if_small(results: ResultsFolder) -> Figure | None:
+    requests = results.requests()
+    return draw_gantt(requests) if len(requests) <= GANTT_MAX_REQUESTS else None
+
+
+FIGURES: Final[Sequence[FigureSpec]] = (
+    FigureSpec("latency_cdf.png", lambda results: draw_latency_cdf(results.requests())),
+    FigureSpec("timeline.png", lambda results: draw_timeline(results.requests())),
+    FigureSpec("gantt.png", _gantt_if_small),
+)
+"""The figures of :func:`plot_results`, in the order they are written and listed."""
+
+
+def plot_results(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw the figures of a ``simsim run`` results folder as PNG files.
+
+    *results_dir* holds ``requests.csv`` or ``requests.parquet`` (and the other
+    tables); the PNGs go to *out_dir* (created if needed; default: *results_dir*).
+    Returns the paths written, in the order of :data:`FIGURES`: ``latency_cdf.png``,
+    ``timeline.png`` and, for at most :data:`GANTT_MAX_REQUESTS` requests,
+    ``gantt.png``. Raises ``FileNotFoundError`` naming the folder and the file when a
+    needed table is missing.
+    """
+    results = ResultsFolder(Path(results_dir))
+    target = Path(results_dir) if out_dir is None else Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for spec in FIGURES:
+        fig = spec.draw(results)
+        if fig is None:
+            continue
+        path = target / spec.filename
+        try:
+            fig.savefig(path, dpi=_DPI)
+        finally:
+            plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _present(column: pd.Series[int]) -> npt.NDArray[np.float64]:
+    """The column's present values as floats (missing ones dropped)."""
+    return np.asarray(column.dropna().to_numpy(dtype=np.float64), dtype=np.float64)
+
+
+def _optional_ints(column: pd.Series[int]) -> list[int | None]:
+    """The column's values as Python ints, with ``None`` for missing ones."""
+    values = column.astype("Int64")
+    return [None if pd.isna(v) else int(v) for v in values.astype(object).tolist()]
+
+
+def _horizon_us(requests: pd.DataFrame) -> int:
+    """The last time anything in the table happened (0 for an empty table)."""
+    latest = 0
+    for column in ("arrival_time_us", "admit_time_us", "prefill_end_time_us", "finish_time_us"):
+        values = _present(requests[column])
+        if len(values):
+            latest = max(latest, int(values.max()))
+    return latest
+
+
+def _time_unit(span_us: int) -> tuple[float, str]:
+    """A divisor and unit name that keep *span_us* readable: ms below 10 s, else s."""
+    return (1e6, "s") if span_us >= 10_000_000 else (1e3, "ms")
+
+
+def _fmt_ms(value_ms: float) -> str:
+    return f"{value_ms:,.0f} ms" if value_ms >= 100 else f"{value_ms:.2f} ms"
+
+
+def _no_data(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.4")
