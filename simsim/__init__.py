@@ -4,6 +4,7 @@ Time is an integer number of microseconds. All figures are simulated behaviour f
 analytical cost model, never measured hardware performance.
 """
 
+from simsim import traces, workloads
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
 from simsim.engines import SimulationEngine
@@ -54,4 +55,6 @@ __all__ = [
     "ms_to_us",
     "seconds_to_us",
     "summarize",
+    "traces",
+    "workloads",
 ]

@@ -20,6 +20,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
 
@@ -116,7 +117,17 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     started = time.monotonic()
-    engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
+    try:
+        engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
+    except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
+        # The file was valid but the simulation could not go on (a time past 64 bits,
+        # say): report it in one line; the traceback helps nobody using the tool.
+        print(
+            f"simsim: error: {scenario.source}: the simulation failed: "
+            f"{type(error).__name__}: {error}",
+            file=sys.stderr,
+        )
+        return 1
     wall_s = time.monotonic() - started
     frames = {
         "requests": engine.requests_frame(),
@@ -191,13 +202,19 @@ def _plot(args: argparse.Namespace) -> int:
     try:
         from simsim import plots
     except ImportError as error:
+        if not (error.name or "").split(".")[0] == "matplotlib":
+            raise
         print(
-            f"simsim: error: plotting needs matplotlib ({error.name} is missing): "
+            "simsim: error: plotting needs matplotlib, which is not installed: "
             "pip install 'simsim[plot]'",
             file=sys.stderr,
         )
         return 2
-    written = plots.plot_results(Path(args.results), Path(args.out) if args.out else None)
+    try:
+        written = plots.plot_results(Path(args.results), Path(args.out) if args.out else None)
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        print(f"simsim: error: {error}", file=sys.stderr)
+        return 2
     for path in written:
         print(path)
     return 0

@@ -22,6 +22,7 @@ it, e.g. when an optional table such as ``iterations`` is absent) and append a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import REQUEST_COLUMNS
+from simsim.results import REQUEST_COLUMNS, requests_frame
 
 __all__ = [
     "FIGURES",
@@ -68,26 +69,6 @@ TIMELINE_WINDOWS: Final = 200
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
 
 Format = Literal["csv", "parquet"]
-
-_INT_COLUMNS: Final = (
-    "arrival_time_us",
-    "prompt_token_count",
-    "max_output_tokens",
-    "generated_token_count",
-    "admit_time_us",
-    "prefill_end_time_us",
-    "first_token_time_us",
-    "finish_time_us",
-    "queue_delay_us",
-    "ttft_us",
-    "e2e_latency_us",
-)
-_REQUEST_DTYPES: Final[dict[str, str]] = {
-    "request_id": "int64",
-    "state": "str",
-    **dict.fromkeys(_INT_COLUMNS, "Int64"),
-    "tpot_us": "Float64",
-}
 
 _WAIT_COLOR: Final = "#bdbdbd"
 _PREFILL_COLOR: Final = "#ff7f0e"
@@ -134,7 +115,7 @@ class ResultsFolder:
                     f"results folder {self.folder} has no {path.name} "
                     f"(the other tables there are {self.format})"
                 )
-            dtypes = _REQUEST_DTYPES if name == "requests" else None
+            dtypes = _request_dtypes() if name == "requests" else None
             self._tables[name] = _read(path, self.format, dtypes)
         return self._tables[name]
 
@@ -180,6 +161,12 @@ def _read(path: Path, fmt: Format, dtypes: dict[str, str] | None) -> pd.DataFram
         except (TypeError, ValueError) as error:
             raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
     return frame
+
+
+@functools.cache
+def _request_dtypes() -> dict[str, str]:
+    """The column dtypes of :func:`simsim.results.requests_frame` (CSV loses them)."""
+    return {str(name): str(dtype) for name, dtype in requests_frame([]).dtypes.items()}
 
 
 def read_requests(folder: Path) -> pd.DataFrame:

@@ -8,28 +8,43 @@ rule at fault; nothing runs until the whole file is valid. See ``docs/scenarios.
 
 from __future__ import annotations
 
-import csv
 import difflib
+import math
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, TypeVar
 
 from simsim.backend import SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import MAX_TIME_US, Environment
 from simsim.engines import SimulationEngine
 from simsim.request import Request
 from simsim.scheduler import FcfsScheduler
+from simsim.traces import TraceError, read_azure_trace, read_plain_trace
+from simsim.workloads import (
+    ArrivalProcess,
+    ClosedLoopWorkload,
+    Empirical,
+    Exponential,
+    Fixed,
+    FixedRateArrivals,
+    GammaArrivals,
+    GeneratedWorkload,
+    LengthDistribution,
+    LogNormal,
+    OpenLoopWorkload,
+    PoissonArrivals,
+    Uniform,
+    check_seed,
+)
 
 __all__ = [
     "Cancellation",
     "RequestSpec",
     "Scenario",
     "ScenarioError",
-    "WorkloadSpec",
+    "Workload",
     "default_scenario",
     "load_scenario",
     "parse_scenario",
@@ -61,6 +76,16 @@ class RequestSpec:
     prompt_token_count: int
     max_output_tokens: int
 
+    @classmethod
+    def of(cls, request: Request) -> RequestSpec:
+        """The spec of an existing request (its size and arrival)."""
+        return cls(
+            request.request_id,
+            request.arrival_time_us,
+            request.prompt_token_count,
+            request.max_output_tokens,
+        )
+
     def to_request(self) -> Request:
         """A fresh pristine :class:`Request` with these fields."""
         return Request(
@@ -76,32 +101,7 @@ class Cancellation:
     request_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadSpec:
-    """A generated open-loop workload: Poisson arrivals, uniform token counts."""
-
-    count: int
-    rate_per_s: float
-    prompt_tokens: tuple[int, int]
-    output_tokens: tuple[int, int]
-    first_request_id: int = 0
-    start_time_us: int = 0
-
-    def generate(self, seed: int) -> list[RequestSpec]:
-        """The requests this workload makes from *seed* (the same on every machine)."""
-        rng = np.random.default_rng(seed)
-        gaps = rng.exponential(1e6 / self.rate_per_s, size=self.count)
-        arrivals = self.start_time_us + np.cumsum(np.rint(gaps).astype(np.int64))
-        prompts = rng.integers(
-            self.prompt_tokens[0], self.prompt_tokens[1], self.count, endpoint=True
-        )
-        outputs = rng.integers(
-            self.output_tokens[0], self.output_tokens[1], self.count, endpoint=True
-        )
-        return [
-            RequestSpec(self.first_request_id + i, int(a), int(p), int(o))
-            for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))
-        ]
+Workload = OpenLoopWorkload | ClosedLoopWorkload
 
 
 @dataclass(frozen=True)
@@ -113,27 +113,42 @@ class Scenario:
     scheduler: str = "fcfs"
     backend: SimulatedBackendConfig = field(default_factory=SimulatedBackendConfig)
     requests: tuple[RequestSpec, ...] = ()
-    workload: WorkloadSpec | None = None
+    workload: Workload | None = None
     cancellations: tuple[Cancellation, ...] = ()
     seed: int = 0
     source: str = "<scenario>"
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario with another seed for its generated workload."""
-        return replace(self, seed=seed)
+        return replace(self, seed=check_seed(seed))
+
+    def generated(self) -> GeneratedWorkload | None:
+        """What an open-loop ``workload`` makes from the seed (``None`` otherwise)."""
+        if not isinstance(self.workload, OpenLoopWorkload):
+            return None
+        try:
+            return self.workload.generate(self.seed)
+        except (ValueError, OverflowError) as error:
+            raise ScenarioError(self.source, "workload", str(error)) from None
 
     def all_requests(self) -> list[RequestSpec]:
-        """Listed, traced and generated requests, in id order; ids must be unique."""
+        """Listed, traced and generated requests, in id order; ids must be unique.
+
+        A closed-loop workload's requests are made while the simulation runs and are
+        not included.
+        """
         specs = list(self.requests)
-        if self.workload is not None:
-            specs.extend(self.workload.generate(self.seed))
+        generated = self.generated()
+        if generated is not None:
+            specs.extend(RequestSpec.of(request) for request in generated.requests)
         seen: set[int] = set()
         for spec in specs:
             if spec.request_id in seen:
                 raise ScenarioError(
                     self.source,
                     "requests",
-                    f"request id {spec.request_id} appears twice (ids must be unique)",
+                    f"request id {spec.request_id} appears twice (ids must be unique "
+                    "across [[requests]], [trace] and [workload])",
                 )
             seen.add(spec.request_id)
         specs.sort(key=lambda s: s.request_id)
@@ -147,15 +162,50 @@ _SCENARIO_KEYS = ("name", "engine", "seed")
 _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
 _SCHEDULER_KEYS = ("policy",)
 _REQUEST_KEYS = ("request_id", "arrival_time_us", "prompt_token_count", "max_output_tokens")
-_TRACE_KEYS = ("path",)
-_WORKLOAD_KEYS = (
+_TRACE_KEYS = (
+    "path",
+    "format",
+    "time_scale",
+    "window_start_us",
+    "window_duration_us",
+    "window_start_s",
+    "window_duration_s",
+    "first_request_id",
+)
+_OPEN_LOOP_KEYS = (
+    "kind",
     "count",
+    "arrivals",
     "rate_per_s",
     "prompt_tokens",
     "output_tokens",
+    "patience_us",
     "first_request_id",
     "start_time_us",
 )
+_CLOSED_LOOP_KEYS = (
+    "kind",
+    "users",
+    "think_time_us",
+    "prompt_tokens",
+    "output_tokens",
+    "patience_us",
+    "requests_per_user",
+    "horizon_us",
+    "first_request_id",
+)
+_ARRIVAL_KEYS = {
+    "poisson": ("process", "rate_per_s"),
+    "gamma": ("process", "rate_per_s", "cv"),
+    "fixed": ("process", "rate_per_s"),
+}
+_DISTRIBUTION_KEYS = {
+    "fixed": ("distribution", "value"),
+    "uniform": ("distribution", "low", "high"),
+    "lognormal": ("distribution", "mean", "cv", "low", "high"),
+    "exponential": ("distribution", "mean", "low", "high"),
+    "empirical": ("distribution", "values", "weights", "path", "column", "weight_column"),
+}
 _CANCELLATION_KEYS = ("time_us", "request_id")
 
 
@@ -211,27 +261,15 @@ def parse_scenario(
         )
 
     if "trace" in data:
-        trace = check.table(data, "trace", "trace")
-        check.keys(trace, _TRACE_KEYS, "trace")
-        trace_path = Path(check.string(trace, "path", "trace"))
-        if not trace_path.is_absolute() and base_dir is not None:
-            trace_path = base_dir / trace_path
-        specs.extend(read_trace_csv(trace_path))
+        specs.extend(_parse_trace(check, check.table(data, "trace", "trace"), base_dir))
 
     workload = None
     if "workload" in data:
-        table = check.table(data, "workload", "workload")
-        check.keys(table, _WORKLOAD_KEYS, "workload")
-        rate = check.number(table, "rate_per_s", "workload")
-        if rate <= 0:
-            raise ScenarioError(source, "workload.rate_per_s", f"must be > 0, got {rate}")
-        workload = WorkloadSpec(
-            count=check.integer(table, "count", "workload"),
-            rate_per_s=rate,
-            prompt_tokens=check.int_range(table, "prompt_tokens", "workload"),
-            output_tokens=check.int_range(table, "output_tokens", "workload"),
-            first_request_id=check.integer(table, "first_request_id", "workload", default=0),
-            start_time_us=check.time(table, "start_time_us", "workload", default=0),
+        workload = _parse_workload(check, check.table(data, "workload", "workload"), base_dir)
+
+    if not specs and workload is None:
+        raise ScenarioError(
+            source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
         )
 
     cancellations: list[Cancellation] = []
@@ -254,6 +292,7 @@ def parse_scenario(
         source=source,
     )
     known = {spec.request_id for spec in scenario.all_requests()}
+    # Cancellations must name requests known before the run (not closed-loop ones).
     for index, cancellation in enumerate(scenario.cancellations):
         if cancellation.request_id not in known:
             raise ScenarioError(
@@ -262,6 +301,188 @@ def parse_scenario(
                 f"request {cancellation.request_id} is not in the scenario's requests",
             )
     return scenario
+
+
+def _parse_trace(
+    check: _Checker, table: Mapping[str, Any], base_dir: Path | None
+) -> list[RequestSpec]:
+    check.keys(table, _TRACE_KEYS, "trace")
+    path = Path(check.string(table, "path", "trace"))
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    fmt = check.choice(table, "format", "trace", ("plain", "azure"), default="plain")
+    time_scale = check.number(table, "time_scale", "trace", default=1.0)
+    first = check.integer(table, "first_request_id", "trace", default=0)
+    window_keys = {
+        "plain": ("window_start_us", "window_duration_us"),
+        "azure": ("window_start_s", "window_duration_s"),
+    }[fmt]
+    for key in _TRACE_KEYS:
+        if key.startswith("window_") and key in table and key not in window_keys:
+            raise check.fail(
+                f"trace.{key}", f"not for format {fmt!r}; use {' and '.join(window_keys)}"
+            )
+    try:
+        if fmt == "plain":
+            requests = read_plain_trace(
+                path,
+                time_scale=time_scale,
+                window_start_us=check.optional_time(table, "window_start_us", "trace"),
+                window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
+                first_request_id=first,
+            )
+        else:
+            requests = read_azure_trace(
+                path,
+                time_scale=time_scale,
+                window_start_s=check.optional_number(table, "window_start_s", "trace"),
+                window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
+                first_request_id=first,
+            )
+    except TraceError as error:
+        raise _from_trace_error(error) from None
+    except (TypeError, ValueError) as error:
+        raise check.fail("trace", str(error)) from None
+    return [RequestSpec.of(request) for request in requests]
+
+
+def _from_trace_error(error: TraceError) -> ScenarioError:
+    place = ", ".join(
+        part
+        for part in (
+            None if error.line is None else f"line {error.line}",
+            None if error.column is None else f"column {error.column}",
+        )
+        if part is not None
+    )
+    return ScenarioError(error.source, place, error.rule)
+
+
+def _parse_workload(check: _Checker, table: Mapping[str, Any], base_dir: Path | None) -> Workload:
+    kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
+    where = "workload"
+    try:
+        if kind == "closed_loop":
+            check.keys(table, _CLOSED_LOOP_KEYS, where)
+            return ClosedLoopWorkload(
+                users=check.integer(table, "users", where),
+                think_time_us=_parse_distribution(check, table, "think_time_us", base_dir),
+                prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
+                output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
+                requests_per_user=check.optional_integer(table, "requests_per_user", where),
+                horizon_us=check.optional_time(table, "horizon_us", where),
+                first_request_id=check.integer(table, "first_request_id", where, default=0),
+                patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+            )
+        check.keys(table, _OPEN_LOOP_KEYS, where)
+        return OpenLoopWorkload(
+            arrivals=_parse_arrivals(check, table),
+            prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
+            output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
+            count=check.integer(table, "count", where),
+            patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+            first_request_id=check.integer(table, "first_request_id", where, default=0),
+            start_us=check.time(table, "start_time_us", where, default=0),
+        )
+    except ScenarioError:
+        raise
+    except TraceError as error:
+        raise _from_trace_error(error) from None
+    except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail(where, str(error)) from None
+
+
+def _parse_arrivals(check: _Checker, table: Mapping[str, Any]) -> ArrivalProcess:
+    where = "workload"
+    if "rate_per_s" in table:
+        if "arrivals" in table:
+            raise check.fail("workload.rate_per_s", "give either rate_per_s or arrivals, not both")
+        return _make(
+            check, "workload.rate_per_s", PoissonArrivals, check.number(table, "rate_per_s", where)
+        )
+    spec = check.table(table, "arrivals", "workload.arrivals")
+    if "arrivals" not in table:
+        raise check.fail("workload.arrivals", "missing required key (or give rate_per_s)")
+    at = "workload.arrivals"
+    process = check.choice(spec, "process", at, tuple(_ARRIVAL_KEYS), default="poisson")
+    check.keys(spec, _ARRIVAL_KEYS[process], at)
+    rate = check.number(spec, "rate_per_s", at)
+    if process == "gamma":
+        return _make(check, at, GammaArrivals, rate, check.number(spec, "cv", at))
+    if process == "fixed":
+        return _make(check, at, FixedRateArrivals, rate)
+    return _make(check, at, PoissonArrivals, rate)
+
+
+def _parse_optional_distribution(
+    check: _Checker, table: Mapping[str, Any], key: str, base_dir: Path | None
+) -> LengthDistribution | None:
+    if key not in table:
+        return None
+    return _parse_distribution(check, table, key, base_dir)
+
+
+def _parse_distribution(
+    check: _Checker, table: Mapping[str, Any], key: str, base_dir: Path | None
+) -> LengthDistribution:
+    at = f"workload.{key}"
+    if key not in table:
+        raise check.fail(at, "missing required key")
+    value = table[key]
+    if isinstance(value, list):
+        low, high = check.int_range(table, key, "workload")
+        return _make(check, at, Uniform, low, high)
+    if type(value) is int:
+        return _make(check, at, Fixed, check.integer(table, key, "workload"))
+    spec = check.table(table, key, at)
+    kind = check.choice(spec, "distribution", at, tuple(_DISTRIBUTION_KEYS), default="")
+    check.keys(spec, _DISTRIBUTION_KEYS[kind], at)
+    if kind == "fixed":
+        return _make(check, at, Fixed, check.integer(spec, "value", at))
+    if kind == "uniform":
+        return _make(
+            check, at, Uniform, check.integer(spec, "low", at), check.integer(spec, "high", at)
+        )
+    floor = check.integer(spec, "low", at, default=0)
+    ceiling = check.optional_integer(spec, "high", at)
+    if kind == "lognormal":
+        mean, cv = check.number(spec, "mean", at), check.number(spec, "cv", at)
+        return _make(check, at, LogNormal, mean, cv, floor, ceiling)
+    if kind == "exponential":
+        return _make(check, at, Exponential, check.number(spec, "mean", at), floor, ceiling)
+    if "path" in spec:
+        path = Path(check.string(spec, "path", at))
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        weight_column = spec.get("weight_column")
+        return _make(
+            check,
+            at,
+            Empirical.from_csv,
+            path,
+            check.string(spec, "column", at),
+            weight_column=None
+            if weight_column is None
+            else check.string(spec, "weight_column", at),
+        )
+    values = spec.get("values")
+    weights = spec.get("weights")
+    if not isinstance(values, list):
+        raise check.fail(f"{at}.values", "an empirical distribution needs values = [...] or path")
+    return _make(check, at, Empirical, tuple(values), None if weights is None else tuple(weights))
+
+
+def _make(check: _Checker, at: str, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """Build a workload part, turning its argument errors into a :class:`ScenarioError`."""
+    try:
+        return factory(*args, **kwargs)
+    except TraceError as error:
+        raise _from_trace_error(error) from None
+    except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail(at, str(error)) from None
+
+
+_T = TypeVar("_T")
 
 
 class _Checker:
@@ -328,11 +549,22 @@ class _Checker:
             raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
         return value
 
-    def number(self, table: Mapping[str, Any], key: str, where: str) -> float:
-        value = self._get(table, key, where, _REQUIRED)
+    def number(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> float:
+        value = self._get(table, key, where, _REQUIRED if default is None else default)
         if type(value) not in (int, float):
             raise self.fail(_join(where, key), f"must be a number, got {_kind(value)} {value!r}")
+        if not math.isfinite(value):
+            raise self.fail(_join(where, key), f"must be a finite number, got {value!r}")
         return float(value)
+
+    def optional_number(self, table: Mapping[str, Any], key: str, where: str) -> float | None:
+        return None if key not in table else self.number(table, key, where)
+
+    def optional_integer(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
+        return None if key not in table else self.integer(table, key, where)
+
+    def optional_time(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
+        return None if key not in table else self.time(table, key, where)
 
     def string(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> str:
         value = self._get(table, key, where, _REQUIRED if default is None else default)
@@ -348,7 +580,7 @@ class _Checker:
         choices: tuple[str, ...],
         default: str,
     ) -> str:
-        value = self.string(table, key, where, default=default)
+        value = self.string(table, key, where, default=default or _REQUIRED)
         if value not in choices:
             close = difflib.get_close_matches(value, choices, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -389,82 +621,29 @@ def _kind(value: object) -> str:
 
 # ---------------------------------------------------------------------- traces
 
-TRACE_COLUMNS = ("arrival_time_us", "prompt_token_count", "max_output_tokens")
-
 
 def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[RequestSpec]:
-    """Read a plain CSV trace: ``arrival_time_us, prompt_token_count, max_output_tokens``.
+    """Read a plain CSV trace (see :func:`simsim.traces.read_plain_trace`) as specs.
 
-    An optional ``request_id`` column gives ids; otherwise rows are numbered from
-    *first_request_id* in file order. Every value must be a non-negative integer; a bad
-    row raises :class:`ScenarioError` naming the file, the line and the column.
+    Errors are :class:`ScenarioError` naming the file, the line and the column.
     """
-    path = Path(path)
-    source = str(path)
     try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as error:
-        raise ScenarioError(source, "", f"cannot read the trace ({error.strerror})") from None
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise ScenarioError(source, "line 1", "the trace is empty (no header row)")
-        header = [name.strip() for name in header]
-        missing = [c for c in TRACE_COLUMNS if c not in header]
-        if missing:
-            raise ScenarioError(source, "line 1", f"missing columns {missing}; found {header}")
-        unknown = [c for c in header if c not in (*TRACE_COLUMNS, "request_id")]
-        if unknown:
-            raise ScenarioError(source, "line 1", f"unknown columns {unknown}")
-        index = {name: header.index(name) for name in header}
-        specs: list[RequestSpec] = []
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise ScenarioError(
-                    source, f"line {line}", f"expected {len(header)} fields, got {len(row)}"
-                )
-
-            def field(name: str, row: list[str] = row, line: int = line) -> int:
-                return _trace_int(row[index[name]], source, line, name)
-
-            rid = field("request_id") if "request_id" in index else first_request_id + len(specs)
-            specs.append(
-                RequestSpec(
-                    rid,
-                    field("arrival_time_us"),
-                    field("prompt_token_count"),
-                    field("max_output_tokens"),
-                )
-            )
-    return specs
-
-
-def _trace_int(text: str, source: str, line: int, column: str) -> int:
-    cell = text.strip()
-    try:
-        value = int(cell)
-    except ValueError:
-        raise ScenarioError(
-            source, f"line {line}, column {column}", f"must be a non-negative integer, got {cell!r}"
-        ) from None
-    if value < 0 or value > MAX_TIME_US:
-        raise ScenarioError(
-            source,
-            f"line {line}, column {column}",
-            f"must be between 0 and 2**63 - 1, got {value}",
-        )
-    return value
+        requests = read_plain_trace(path, first_request_id=first_request_id)
+    except TraceError as error:
+        raise _from_trace_error(error) from None
+    return [RequestSpec.of(request) for request in requests]
 
 
 # ---------------------------------------------------------------------- running
 
 
 def default_scenario(seed: int = 0) -> Scenario:
-    """The built-in scenario of ``simsim run``: 1500 Poisson requests at about 80% load."""
+    """The built-in scenario of ``simsim run``: 1500 Poisson requests at about 80% load.
+
+    Prompts are uniform on 16..1024 tokens and outputs on 0..128; the mean service time
+    is about 0.54 s, so 1.5 arrivals per second keep the single slot about 80% busy.
+    Seven requests are cancelled along the way.
+    """
     return Scenario(
         name="default",
         backend=SimulatedBackendConfig(
@@ -474,11 +653,14 @@ def default_scenario(seed: int = 0) -> Scenario:
             decode_base_us=8_000,
             decode_per_active_sequence_us=0,
         ),
-        workload=WorkloadSpec(
-            count=1_500, rate_per_s=1.5, prompt_tokens=(16, 1024), output_tokens=(0, 128)
+        workload=OpenLoopWorkload(
+            arrivals=PoissonArrivals(1.5),
+            prompt_tokens=Uniform(16, 1024),
+            output_tokens=Uniform(0, 128),
+            count=1_500,
         ),
         cancellations=tuple(Cancellation(60_000_000 * k, 100 * k) for k in range(1, 8)),
-        seed=seed,
+        seed=check_seed(seed),
         source="<built-in default>",
     )
 
@@ -490,20 +672,28 @@ def run_scenario(
 ) -> SimulationEngine:
     """Build the scenario's engine, feed it, run it to the end and return it.
 
-    Cancellations at time T take effect after the arrivals at T and before every other
-    event at T (they are scheduled after all submissions, before the run starts); a
-    request that is already finished by then is left alone. *progress*, if given, is
-    called now and then with (requests admitted so far, requests in the scenario).
+    Every listed, traced and generated request is submitted first, in id order; then
+    the ``[[cancellations]]`` and the workload's patience deadlines are scheduled, and
+    a closed-loop workload's users are started. So a cancellation at time T takes
+    effect after the arrivals at T and before every other event at T; a request that is
+    already finished by then is left alone. *progress*, if given, is called now and
+    then with (requests admitted so far, requests known before the run).
     """
     specs = scenario.all_requests()
     env = Environment()
     engine = SimulationEngine(SimulatedBackend(scenario.backend), FcfsScheduler(), env=env)
     for spec in specs:
         engine.submit(spec.to_request())
-    for cancellation in sorted(scenario.cancellations, key=lambda c: c.time_us):
-        timer = env.timeout(cancellation.time_us)
-        timer.callbacks.append(_canceller(engine, cancellation.request_id))
-    total = len(specs)
+    deadlines = [(c.time_us, c.request_id) for c in scenario.cancellations]
+    generated = scenario.generated()
+    if generated is not None:
+        deadlines.extend(generated.cancellations)
+    for time_us, request_id in sorted(deadlines):
+        timer = env.timeout(time_us - env.now)
+        timer.callbacks.append(_canceller(engine, request_id))
+    if isinstance(scenario.workload, ClosedLoopWorkload):
+        scenario.workload.start(env, engine, scenario.seed)
+    total = max(len(specs), 1)
     if progress is None:
         engine.run()
         return engine
@@ -512,7 +702,7 @@ def run_scenario(
     while step() is not None:
         count += 1
         if count % 4096 == 0:
-            progress(len(engine.admission_log), total)
+            progress(min(len(engine.admission_log), total), total)
     progress(total, total)
     return engine
 

@@ -1,0 +1,789 @@
+"""Seeded workload generators: when requests arrive, how long they are, how long clients wait.
+
+Everything here turns one integer seed into the same requests on every machine (for a
+given NumPy version): each random quantity is drawn from its own child stream of
+``numpy.random.SeedSequence(seed)``, through ``numpy.random.default_rng`` (PCG64). Because
+the streams are separate, changing one ingredient leaves the others alone: adding a
+patience distribution to a workload does not move a single arrival or token count.
+
+Three kinds of parts fit together:
+
+* **Arrival processes** (:class:`PoissonArrivals`, :class:`GammaArrivals`,
+  :class:`FixedRateArrivals`) give arrival times. Gaps are drawn as real numbers of
+  microseconds, summed, and each cumulative offset from the start is rounded once to the
+  nearest microsecond, ties to even (``numpy.rint``), so rounding never accumulates.
+* **Length distributions** (:class:`Fixed`, :class:`Uniform`, :class:`LogNormal`,
+  :class:`Exponential`, :class:`Empirical`) give non-negative integers: prompt and output
+  token counts, and durations in microseconds (client patience, think times).
+* **Workloads** combine them. :class:`OpenLoopWorkload` makes a fixed list of requests
+  (and patience deadlines) up front; :class:`ClosedLoopWorkload` runs one SimPy process
+  per user who submits, waits for the answer, thinks, and asks again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import operator
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+import simpy
+
+from simsim.clock import MAX_TIME_US, Environment, check_count, check_time_us
+from simsim.request import Request
+from simsim.traces import TraceError, TracePath, parse_count, parse_weight, read_table
+
+__all__ = [
+    "ArrivalProcess",
+    "ClosedLoopRun",
+    "ClosedLoopSubmission",
+    "ClosedLoopWorkload",
+    "Empirical",
+    "Exponential",
+    "Fixed",
+    "FixedRateArrivals",
+    "GammaArrivals",
+    "GeneratedWorkload",
+    "LengthDistribution",
+    "LogNormal",
+    "OpenLoopWorkload",
+    "PatienceDeadline",
+    "PoissonArrivals",
+    "Uniform",
+    "WorkloadEngine",
+    "check_seed",
+]
+
+IntArray = npt.NDArray[np.int64]
+"""A one-dimensional NumPy array of ``int64``."""
+
+# Draws are real numbers until they are rounded; anything past this bound (2**62, exact in
+# float64) cannot become an int64 safely and is either clipped (lengths) or refused (times).
+_FLOAT_LIMIT = float(2**62)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def check_seed(seed: object) -> int:
+    """Return *seed* as a plain ``int``: a non-negative integer (NumPy integers accepted).
+
+    ``bool`` and non-integers raise ``TypeError``; negative values raise ``ValueError``.
+    """
+    if isinstance(seed, bool):
+        raise TypeError(f"seed must be a non-negative int, got bool {seed!r}")
+    try:
+        value = int(operator.index(seed))  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"seed must be a non-negative int, got {type(seed).__name__} {seed!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"seed must be >= 0, got {value}")
+    return value
+
+
+def _real(value: object, name: str, *, positive: bool) -> float:
+    """A finite real number as ``float``: > 0 when *positive*, else >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"{name} must be finite, got {result!r}")
+    if positive and result <= 0:
+        raise ValueError(f"{name} must be > 0, got {result!r}")
+    if result < 0:
+        raise ValueError(f"{name} must be >= 0, got {result!r}")
+    return result
+
+
+def _distribution(value: object, name: str) -> LengthDistribution:
+    if not isinstance(value, LengthDistribution):
+        raise TypeError(
+            f"{name} must be a length distribution (an object with sample(rng, count)), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _set(instance: object, name: str, value: object) -> None:
+    # Frozen dataclasses normalise their own fields in __post_init__.
+    object.__setattr__(instance, name, value)
+
+
+# ---------------------------------------------------------------------- protocols
+
+
+@runtime_checkable
+class ArrivalProcess(Protocol):
+    """Anything that turns a random generator into *count* arrival times.
+
+    ``arrival_times_us(rng, count, start_us)`` returns a non-decreasing ``int64`` array of
+    *count* microsecond timestamps, all at or after *start_us*.
+    """
+
+    def arrival_times_us(
+        self, rng: np.random.Generator, count: int, start_us: int = 0
+    ) -> IntArray: ...
+
+
+@runtime_checkable
+class LengthDistribution(Protocol):
+    """Anything that draws non-negative integers: token counts or microsecond durations.
+
+    ``sample(rng, count)`` returns an ``int64`` array of *count* values, each >= 0.
+    """
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray: ...
+
+
+# ---------------------------------------------------------------------- arrivals
+
+
+def _arrivals_from_offsets(offsets_us: npt.NDArray[np.float64], start_us: int) -> IntArray:
+    """Round each cumulative offset to the nearest microsecond (ties to even) and shift."""
+    if offsets_us.size and not offsets_us[-1] <= _FLOAT_LIMIT:
+        raise OverflowError(
+            f"the last arrival would be {offsets_us[-1]:.6g} us after start_us, past the "
+            "64-bit time range"
+        )
+    rounded = np.rint(offsets_us).astype(np.int64)
+    if rounded.size and start_us + int(rounded[-1]) > MAX_TIME_US:
+        raise OverflowError(
+            f"the last arrival would be at {start_us + int(rounded[-1])} us, past the 64-bit "
+            "limit 2**63 - 1"
+        )
+    return rounded + np.int64(start_us)
+
+
+@dataclass(frozen=True, slots=True)
+class PoissonArrivals:
+    """A Poisson process: independent exponential gaps with mean ``1e6 / rate_per_s`` us.
+
+    The inter-arrival gaps have a coefficient of variation (CV) of 1. The first request
+    arrives one gap after ``start_us``; the k-th arrival is ``start_us`` plus the sum of k
+    gaps, rounded to the nearest microsecond, ties to even (``numpy.rint``).
+    """
+
+    rate_per_s: float
+    """Mean arrivals per simulated second (> 0)."""
+
+    def __post_init__(self) -> None:
+        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
+
+    def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
+        """*count* arrival times after *start_us* (``int64``, non-decreasing)."""
+        count = check_count(count, "count")
+        start_us = check_time_us(start_us, "start_us")
+        gaps = rng.exponential(1e6 / self.rate_per_s, size=count)
+        return _arrivals_from_offsets(np.cumsum(gaps), start_us)
+
+
+@dataclass(frozen=True, slots=True)
+class GammaArrivals:
+    """A renewal process with Gamma-distributed gaps: Poisson's rate, a chosen burstiness.
+
+    Gaps have mean ``1e6 / rate_per_s`` us and coefficient of variation ``cv``: shape
+    ``1 / cv**2`` and scale ``mean * cv**2``. ``cv > 1`` is burstier than Poisson (clusters
+    of close arrivals separated by long lulls), ``cv = 1`` has Poisson's gap distribution,
+    ``cv < 1`` is more regular. Times are cumulative offsets from ``start_us``, each
+    rounded to the nearest microsecond, ties to even (``numpy.rint``).
+    """
+
+    rate_per_s: float
+    """Mean arrivals per simulated second (> 0)."""
+    cv: float
+    """Coefficient of variation (standard deviation / mean) of the gaps (> 0)."""
+
+    def __post_init__(self) -> None:
+        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
+        _set(self, "cv", _real(self.cv, "cv", positive=True))
+
+    def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
+        """*count* arrival times after *start_us* (``int64``, non-decreasing)."""
+        count = check_count(count, "count")
+        start_us = check_time_us(start_us, "start_us")
+        shape = 1.0 / (self.cv * self.cv)
+        scale = (1e6 / self.rate_per_s) / shape
+        gaps = rng.gamma(shape, scale, size=count)
+        return _arrivals_from_offsets(np.cumsum(gaps), start_us)
+
+
+@dataclass(frozen=True, slots=True)
+class FixedRateArrivals:
+    """Evenly spaced arrivals: the k-th (k = 1, 2, ...) at ``start_us + k * 1e6 / rate_per_s``.
+
+    It uses no randomness. Each time is computed from k directly (not by summing gaps)
+    and rounded to the nearest microsecond, ties to even (``numpy.rint``); with a period
+    that is a whole number of microseconds every gap is exactly that period.
+    """
+
+    rate_per_s: float
+    """Arrivals per simulated second (> 0)."""
+
+    def __post_init__(self) -> None:
+        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
+
+    def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
+        """*count* arrival times after *start_us* (``int64``, non-decreasing); *rng* is unused."""
+        count = check_count(count, "count")
+        start_us = check_time_us(start_us, "start_us")
+        offsets = np.arange(1, count + 1, dtype=np.float64) * 1e6 / self.rate_per_s
+        return _arrivals_from_offsets(offsets, start_us)
+
+
+# ---------------------------------------------------------------------- lengths
+
+
+def _bounds(low: object, high: object) -> tuple[int, int | None]:
+    low = check_count(low, "low")
+    if high is None:
+        return low, None
+    high = check_count(high, "high")
+    if high < low:
+        raise ValueError(f"high must be >= low, got low={low}, high={high}")
+    return low, high
+
+
+def _round_and_clip(values: npt.NDArray[np.float64], low: int, high: int | None) -> IntArray:
+    """Round to the nearest integer (ties to even), then clip to ``[low, high]``."""
+    upper = _FLOAT_LIMIT if high is None else min(float(high), _FLOAT_LIMIT)
+    clipped = np.clip(np.rint(values), float(low), upper)
+    result = clipped.astype(np.int64)
+    if high is not None:
+        # float(high) may round up past high for huge bounds; the integer clip is exact.
+        np.minimum(result, np.int64(high), out=result)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """Always the same non-negative integer *value* (uses no randomness)."""
+
+    value: int
+
+    def __post_init__(self) -> None:
+        _set(self, "value", check_count(self.value, "value"))
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray:
+        """*count* copies of ``value``."""
+        return np.full(check_count(count, "count"), self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Uniform:
+    """Integers drawn uniformly from ``low`` to ``high``, both ends included."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        low, high = _bounds(self.low, self.high)
+        assert high is not None
+        _set(self, "low", low)
+        _set(self, "high", high)
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray:
+        """*count* independent uniform integers in ``[low, high]``."""
+        count = check_count(count, "count")
+        return rng.integers(self.low, self.high, size=count, endpoint=True, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormal:
+    """A log-normal distribution described by its own mean and CV, rounded and clipped.
+
+    ``mean`` and ``cv`` are those of the log-normal itself (not of the underlying normal):
+    ``sigma**2 = log(1 + cv**2)`` and ``mu = log(mean) - sigma**2 / 2``. Each draw is
+    rounded to the nearest integer (ties to even), then clipped to ``[low, high]``
+    (``high=None``: no upper clip). Clipping and rounding shift the mean slightly when
+    ``low``/``high`` cut into the distribution. ``cv = 0`` always gives ``round(mean)``.
+    """
+
+    mean: float
+    """Mean of the (unrounded, unclipped) distribution (> 0)."""
+    cv: float
+    """Coefficient of variation of the (unrounded, unclipped) distribution (>= 0)."""
+    low: int = 0
+    """Smallest value returned (>= 0)."""
+    high: int | None = None
+    """Largest value returned, or ``None`` for no upper clip."""
+
+    def __post_init__(self) -> None:
+        _set(self, "mean", _real(self.mean, "mean", positive=True))
+        _set(self, "cv", _real(self.cv, "cv", positive=False))
+        low, high = _bounds(self.low, self.high)
+        _set(self, "low", low)
+        _set(self, "high", high)
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray:
+        """*count* independent draws, rounded and clipped to ``[low, high]``."""
+        count = check_count(count, "count")
+        if self.cv == 0:
+            # exp(log(mean)) need not give mean back exactly; a constant must.
+            return _round_and_clip(np.full(count, self.mean), self.low, self.high)
+        sigma2 = math.log1p(self.cv * self.cv)
+        mu = math.log(self.mean) - sigma2 / 2
+        return _round_and_clip(
+            rng.lognormal(mu, math.sqrt(sigma2), size=count), self.low, self.high
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Exponential:
+    """An exponential distribution with the given ``mean``, rounded and clipped.
+
+    Each draw is rounded to the nearest integer (ties to even), then clipped to
+    ``[low, high]``. Handy for client patience and think times in microseconds.
+    """
+
+    mean: float
+    """Mean of the (unrounded, unclipped) distribution (> 0)."""
+    low: int = 0
+    """Smallest value returned (>= 0)."""
+    high: int | None = None
+    """Largest value returned, or ``None`` for no upper clip."""
+
+    def __post_init__(self) -> None:
+        _set(self, "mean", _real(self.mean, "mean", positive=True))
+        low, high = _bounds(self.low, self.high)
+        _set(self, "low", low)
+        _set(self, "high", high)
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray:
+        """*count* independent draws, rounded and clipped to ``[low, high]``."""
+        count = check_count(count, "count")
+        return _round_and_clip(rng.exponential(self.mean, size=count), self.low, self.high)
+
+
+@dataclass(frozen=True, slots=True)
+class Empirical:
+    """Values drawn from a table, with replacement, in proportion to their weights.
+
+    ``values`` are non-negative integers (repeats allowed: a value listed twice is twice
+    as likely); ``weights``, if given, are non-negative finite numbers, one per value,
+    with a positive sum. Without weights every listed value is equally likely, so a
+    column of observed token counts reproduces their distribution.
+    """
+
+    values: Sequence[int]
+    """The table of possible values (at least one); stored as a tuple."""
+    weights: Sequence[float] | None = None
+    """Relative weight of each value, or ``None`` for equal weights; stored as a tuple."""
+    _values: IntArray = field(init=False, repr=False, compare=False)
+    _probabilities: npt.NDArray[np.float64] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.values, str | bytes) or not isinstance(
+            self.values, Sequence | np.ndarray
+        ):
+            raise TypeError(
+                f"values must be a sequence of non-negative ints, got {type(self.values).__name__}"
+            )
+        values = tuple(check_count(v, f"values[{i}]") for i, v in enumerate(self.values))
+        if not values:
+            raise ValueError("values must hold at least one value, got an empty sequence")
+        _set(self, "values", values)
+        _set(self, "_values", np.array(values, dtype=np.int64))
+        if self.weights is None:
+            _set(self, "_probabilities", None)
+            return
+        if isinstance(self.weights, str | bytes) or not isinstance(
+            self.weights, Sequence | np.ndarray
+        ):
+            raise TypeError(
+                f"weights must be a sequence of numbers or None, got {type(self.weights).__name__}"
+            )
+        weights = tuple(
+            _real(w, f"weights[{i}]", positive=False) for i, w in enumerate(self.weights)
+        )
+        if len(weights) != len(values):
+            raise ValueError(
+                f"weights must have one entry per value: {len(values)} values, "
+                f"{len(weights)} weights"
+            )
+        total = math.fsum(weights)
+        if not total > 0:
+            raise ValueError(f"weights must have a positive sum, got {total!r}")
+        _set(self, "weights", weights)
+        _set(self, "_probabilities", np.array(weights, dtype=np.float64) / total)
+
+    @classmethod
+    def from_csv(
+        cls,
+        path: TracePath,
+        column: str,
+        *,
+        weight_column: str | None = None,
+    ) -> Empirical:
+        """Read the table from *column* of a CSV file with a header row.
+
+        Every non-blank row gives one value (a non-negative integer); *weight_column*,
+        if named, gives its weight. Blank lines are skipped. A missing column, a bad cell
+        or a file with no rows raises :class:`simsim.traces.TraceError` naming the file,
+        the line and the column.
+        """
+        wanted = (column,) if weight_column is None else (column, weight_column)
+        source, columns, rows = read_table(path, wanted, other_columns=True)
+        values = tuple(
+            parse_count(cells[columns[column]], source, line, column) for line, cells in rows
+        )
+        if weight_column is None:
+            return cls(values)
+        weights = tuple(
+            parse_weight(cells[columns[weight_column]], source, line, weight_column)
+            for line, cells in rows
+        )
+        if not math.fsum(weights) > 0:
+            raise TraceError(source, "the weights sum to 0", column=weight_column)
+        return cls(values, weights)
+
+    def sample(self, rng: np.random.Generator, count: int) -> IntArray:
+        """*count* independent draws from ``values`` (with replacement)."""
+        count = check_count(count, "count")
+        return rng.choice(self._values, size=count, replace=True, p=self._probabilities)
+
+
+# ---------------------------------------------------------------------- engines
+
+
+class WorkloadEngine(Protocol):
+    """What a workload needs from a server: ``SimulationEngine`` and its siblings fit."""
+
+    @property
+    def env(self) -> Environment:
+        """The environment the server runs on."""
+        ...
+
+    @property
+    def now_us(self) -> int:
+        """The current simulated time in microseconds."""
+        ...
+
+    @property
+    def requests(self) -> Mapping[int, Request]:
+        """Every submitted request by id."""
+        ...
+
+    def submit(self, request: Request) -> Request:
+        """Hand a pristine request to the server."""
+        ...
+
+    def cancel_request(self, request_id: int) -> None:
+        """Cancel a request that is not terminal."""
+        ...
+
+    def completion(self, request_id: int) -> simpy.Event:
+        """An event that succeeds with the request once it is terminal."""
+        ...
+
+
+def _canceller(engine: WorkloadEngine, request_id: int) -> Callable[[simpy.Event], None]:
+    def cancel_if_still_running(_event: simpy.Event) -> None:
+        if not engine.requests[request_id].is_terminal:
+            engine.cancel_request(request_id)
+
+    return cancel_if_still_running
+
+
+# ---------------------------------------------------------------------- open loop
+
+
+class PatienceDeadline(NamedTuple):
+    """A client's deadline: cancel *request_id* at *time_us* if it has not finished."""
+
+    time_us: int
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedWorkload:
+    """The output of :meth:`OpenLoopWorkload.generate`: requests and patience deadlines.
+
+    ``requests`` are fresh, pristine :class:`Request` objects in id order (which is also
+    arrival order); ``cancellations`` are the patience deadlines, ``(time_us, request_id)``
+    sorted by time then id (empty without a patience distribution). The requests can be
+    submitted to one engine only, since the engine then owns them.
+    """
+
+    requests: tuple[Request, ...]
+    cancellations: tuple[PatienceDeadline, ...] = ()
+
+    def submit_to(self, engine: WorkloadEngine) -> None:
+        """Submit every request to *engine* and schedule the patience deadlines.
+
+        Each deadline becomes a timeout on ``engine.env`` whose callback cancels the
+        request if it is not terminal by then. Requests are submitted first, then the
+        deadlines are scheduled (in ``cancellations`` order), so at a shared microsecond T
+        the arrivals at T come first, then the deadlines, then everything the run itself
+        schedules at T: a request that completes exactly at its deadline is cancelled
+        (it must finish strictly before it). Everything is checked before anything is
+        submitted: ``ValueError`` for an id the engine already knows or an arrival before
+        ``engine.now_us``.
+        """
+        now = engine.now_us
+        known = engine.requests
+        for request in self.requests:
+            if request.request_id in known:
+                raise ValueError(
+                    f"request {request.request_id} was already submitted to this engine"
+                )
+            if request.arrival_time_us < now:
+                raise ValueError(
+                    f"request {request.request_id} arrives at {request.arrival_time_us} us, "
+                    f"before the engine's current time {now} us"
+                )
+            if not request.is_pristine or request._pending is not None:
+                raise ValueError(
+                    f"request {request.request_id} was already submitted (state "
+                    f"{request.state.name}); generate the workload again for a new engine"
+                )
+        for request in self.requests:
+            engine.submit(request)
+        env = engine.env
+        for deadline in self.cancellations:
+            timer = env.timeout(deadline.time_us - env.now)
+            timer.callbacks.append(_canceller(engine, deadline.request_id))
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLoopWorkload:
+    """A fixed number of requests whose arrivals do not depend on the server.
+
+    Request ``first_request_id + i`` is the i-th arrival of ``arrivals`` (from
+    ``start_us``), with a prompt drawn from ``prompt_tokens`` and an output limit drawn
+    from ``output_tokens``. With ``patience``, the client cancels a request that has not
+    finished ``patience`` microseconds after its arrival (a deadline of
+    ``arrival + patience``).
+
+    :meth:`generate` draws arrivals, prompts, outputs and patience from four child
+    streams of ``SeedSequence(seed)``, in that order, so each is unaffected by the others.
+    """
+
+    arrivals: ArrivalProcess
+    prompt_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    count: int
+    patience: LengthDistribution | None = None
+    """Microseconds a client waits before cancelling, or ``None`` for endless patience."""
+    first_request_id: int = 0
+    start_us: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arrivals, ArrivalProcess):
+            raise TypeError(
+                "arrivals must be an arrival process (an object with arrival_times_us), "
+                f"got {type(self.arrivals).__name__} {self.arrivals!r}"
+            )
+        _distribution(self.prompt_tokens, "prompt_tokens")
+        _distribution(self.output_tokens, "output_tokens")
+        if self.patience is not None:
+            _distribution(self.patience, "patience")
+        _set(self, "count", check_count(self.count, "count"))
+        first = check_count(self.first_request_id, "first_request_id")
+        if first + self.count - 1 > MAX_TIME_US:
+            raise OverflowError(
+                f"request ids {first} to {first + self.count - 1} pass the 64-bit limit"
+            )
+        _set(self, "first_request_id", first)
+        _set(self, "start_us", check_time_us(self.start_us, "start_us"))
+
+    def generate(self, seed: int) -> GeneratedWorkload:
+        """The requests and deadlines this workload makes from *seed* (a non-negative int).
+
+        The same seed gives the same result on every machine and every call.
+        """
+        seed = check_seed(seed)
+        arrival_seq, prompt_seq, output_seq, patience_seq = np.random.SeedSequence(seed).spawn(4)
+        count = self.count
+        arrivals = self.arrivals.arrival_times_us(
+            np.random.default_rng(arrival_seq), count, self.start_us
+        )
+        prompts = self.prompt_tokens.sample(np.random.default_rng(prompt_seq), count)
+        outputs = self.output_tokens.sample(np.random.default_rng(output_seq), count)
+        first = self.first_request_id
+        requests = tuple(
+            Request(first + i, arrival, prompt, output)
+            for i, (arrival, prompt, output) in enumerate(
+                zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True)
+            )
+        )
+        deadlines: list[PatienceDeadline] = []
+        if self.patience is not None:
+            patience = self.patience.sample(np.random.default_rng(patience_seq), count)
+            for request, wait_us in zip(requests, patience.tolist(), strict=True):
+                deadline = request.arrival_time_us + wait_us
+                if deadline > MAX_TIME_US:
+                    raise OverflowError(
+                        f"request {request.request_id}: deadline {deadline} us is past the "
+                        "64-bit limit 2**63 - 1"
+                    )
+                deadlines.append(PatienceDeadline(deadline, request.request_id))
+            deadlines.sort()
+        return GeneratedWorkload(requests, tuple(deadlines))
+
+    def submit_to(self, engine: WorkloadEngine, seed: int) -> GeneratedWorkload:
+        """Generate from *seed*, submit to *engine* (see :meth:`GeneratedWorkload.submit_to`).
+
+        Returns the generated workload, whose requests the engine now updates.
+        """
+        generated = self.generate(seed)
+        generated.submit_to(engine)
+        return generated
+
+
+# ---------------------------------------------------------------------- closed loop
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopSubmission:
+    """One request a closed-loop user submitted, with the random draws that went with it."""
+
+    request_id: int
+    user: int
+    """The user (0 to ``users - 1``) who submitted it."""
+    index: int
+    """0 for the user's first request, 1 for the second, ..."""
+    submit_time_us: int
+    """When it was submitted; also its ``arrival_time_us``."""
+    think_time_us: int
+    """How long the user thinks after this request ends before submitting the next."""
+    patience_us: int | None
+    """How long the user waits before cancelling it, or ``None`` for no deadline."""
+
+
+class ClosedLoopRun:
+    """What :meth:`ClosedLoopWorkload.start` set in motion.
+
+    ``processes`` are the users' SimPy processes (in user order); ``submissions`` grows
+    as the simulation runs, one :class:`ClosedLoopSubmission` per submitted request in
+    submission order.
+    """
+
+    __slots__ = ("_processes", "_submissions")
+
+    def __init__(self) -> None:
+        self._processes: tuple[simpy.Process, ...] = ()
+        self._submissions: list[ClosedLoopSubmission] = []
+
+    @property
+    def processes(self) -> tuple[simpy.Process, ...]:
+        """One SimPy process per user, in user order."""
+        return self._processes
+
+    @property
+    def submissions(self) -> tuple[ClosedLoopSubmission, ...]:
+        """Every request submitted so far, in submission order."""
+        return tuple(self._submissions)
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopWorkload:
+    """``users`` clients who each keep exactly one request outstanding at a time.
+
+    Each user, a SimPy process, repeats: submit a request (arrival = now), wait until it
+    is terminal (``yield engine.completion(rid)``), think for a drawn time, and ask
+    again. It stops after ``requests_per_user`` requests, or (with ``horizon_us``) once
+    it would submit at or after that absolute time; requests in flight at the horizon
+    still run to the end. Give exactly one of the two.
+
+    With ``patience``, a user who has waited that long for an answer cancels the request
+    (if it is not terminal) and goes on thinking, so a request must finish strictly
+    before its deadline, as in :meth:`GeneratedWorkload.submit_to`.
+
+    Request ids count up from ``first_request_id`` in submission order, one shared
+    counter for all users; the simulation is deterministic, so the ids are too. User
+    ``u`` draws from its own child stream of ``SeedSequence(seed)`` (one stream each for
+    prompts, outputs, think times and patience), one value per request, so a user's
+    n-th request has the same size and think time whatever the server does.
+    """
+
+    users: int
+    think_time_us: LengthDistribution
+    prompt_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    requests_per_user: int | None = None
+    horizon_us: int | None = None
+    first_request_id: int = 0
+    patience: LengthDistribution | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "users", check_count(self.users, "users", minimum=1))
+        _distribution(self.think_time_us, "think_time_us")
+        _distribution(self.prompt_tokens, "prompt_tokens")
+        _distribution(self.output_tokens, "output_tokens")
+        if self.patience is not None:
+            _distribution(self.patience, "patience")
+        if (self.requests_per_user is None) == (self.horizon_us is None):
+            raise ValueError(
+                "give exactly one of requests_per_user and horizon_us, got "
+                f"requests_per_user={self.requests_per_user!r}, horizon_us={self.horizon_us!r}"
+            )
+        if self.requests_per_user is not None:
+            _set(
+                self,
+                "requests_per_user",
+                check_count(self.requests_per_user, "requests_per_user", minimum=1),
+            )
+        if self.horizon_us is not None:
+            _set(self, "horizon_us", check_time_us(self.horizon_us, "horizon_us"))
+        _set(self, "first_request_id", check_count(self.first_request_id, "first_request_id"))
+
+    def start(self, env: Environment, engine: WorkloadEngine, seed: int) -> ClosedLoopRun:
+        """Start one process per user on *env* (which must be ``engine.env``).
+
+        Users submit their first requests at ``env.now``, in user order, once the
+        simulation runs. Drive it with ``engine.run()`` or ``env.run()``. Returns the
+        :class:`ClosedLoopRun` that records the submissions.
+        """
+        if env is not engine.env:
+            raise ValueError("env must be the engine's own environment (engine.env)")
+        seed = check_seed(seed)
+        run = ClosedLoopRun()
+        ids = itertools.count(self.first_request_id)
+        user_seeds = np.random.SeedSequence(seed).spawn(self.users)
+        run._processes = tuple(
+            env.process(self._user(env, engine, user, user_seeds[user], ids, run._submissions))
+            for user in range(self.users)
+        )
+        return run
+
+    def _user(
+        self,
+        env: Environment,
+        engine: WorkloadEngine,
+        user: int,
+        seed: np.random.SeedSequence,
+        ids: Iterator[int],
+        log: list[ClosedLoopSubmission],
+    ) -> Generator[simpy.Event, Any, None]:
+        prompt_rng, output_rng, think_rng, patience_rng = (
+            np.random.default_rng(child) for child in seed.spawn(4)
+        )
+        limit = self.requests_per_user
+        horizon = self.horizon_us
+        index = 0
+        while (limit is None or index < limit) and (horizon is None or env.now < horizon):
+            request_id = next(ids)
+            prompt = int(self.prompt_tokens.sample(prompt_rng, 1)[0])
+            output = int(self.output_tokens.sample(output_rng, 1)[0])
+            think = int(self.think_time_us.sample(think_rng, 1)[0])
+            patience = (
+                None if self.patience is None else int(self.patience.sample(patience_rng, 1)[0])
+            )
+            request = engine.submit(Request(request_id, env.now, prompt, output))
+            log.append(ClosedLoopSubmission(request_id, user, index, env.now, think, patience))
+            done = engine.completion(request_id)
+            if patience is None:
+                yield done
+            else:
+                yield env.any_of([done, env.timeout(patience)])
+                if not request.is_terminal:
+                    engine.cancel_request(request_id)
+            yield env.timeout(think)
+            index += 1
