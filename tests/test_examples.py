@@ -106,3 +106,20 @@ def test_scenario_example_validates_and_runs(
     assert cancelled["request_id"].tolist() == [102]
     assert cancelled["finish_time_us"].tolist() == [400_000]
     assert (requests[requests["request_id"] != 102]["state"] == "FINISHED").all()
+
+
+def test_bursty_scenario_example_runs_and_cancels_impatient_clients(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from simsim.cli import main
+
+    scenario = EXAMPLES / "scenarios" / "bursty.toml"
+    for run in ("a", "b"):
+        assert main(["run", str(scenario), "--out", str(tmp_path / run)]) == 0
+    first = pd.read_csv(tmp_path / "a" / "requests.csv")
+    second = pd.read_csv(tmp_path / "b" / "requests.csv")
+    pd.testing.assert_frame_equal(first, second)  # same seed, same results
+    assert len(first) == 400
+    states = first["state"].value_counts()
+    assert states["FINISHED"] + states["CANCELLED"] == 400
+    assert states["CANCELLED"] > 0  # patience deadlines fired
