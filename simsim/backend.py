@@ -92,10 +92,14 @@ class SimulatedBackend:
 
     def decode_step_us(self, active_sequence_count: int) -> int:
         """Decode-step cost: base + per-active-sequence * active sequences."""
-        count = check_count(active_sequence_count, "active_sequence_count")
+        count = active_sequence_count
+        if type(count) is not int or count < 0:
+            count = check_count(count, "active_sequence_count")
         c = self._config
         total = c.decode_base_us + c.decode_per_active_sequence_us * count
-        return _checked(total, f"decode_step_us({count})")
+        if total > MAX_TIME_US:
+            raise OverflowError(f"decode_step_us({count}) = {total} us is past 2**63 - 1")
+        return total
 
     def iteration_us(self, prefill_tokens: int, prefilling_count: int, decoding_count: int) -> int:
         """Cost of one batching iteration: a prefill part plus a decode part.

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from heapq import heappush
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import simpy
-from simpy.events import PENDING, Event
+from simpy.events import NORMAL, PENDING, Event
 
 from simsim.backend import Backend
 from simsim.clock import BOUNDARY, MAX_TIME_US, Environment, check_count
@@ -68,6 +69,25 @@ class LifecycleEvent(Event):
         self.request = request
         self.event_type = event_type
         self.sequence = env.schedule_at(self, at_us)
+
+    def requeue(self, callback: Any, event_type: EventType, at_us: int) -> int:
+        """Schedule this processed event again as the request's next one.
+
+        Reusing the object keeps a request's chain of steps to one allocation. Returns
+        the sequence number it had, which is the one its log record carries.
+        """
+        if at_us > MAX_TIME_US:
+            raise OverflowError(
+                f"request {self.request.request_id}: an event at {at_us} us would be past "
+                "the 64-bit limit 2**63 - 1"
+            )
+        env = self.env
+        processed = self.sequence
+        self.sequence = sequence = next(env._eid)
+        heappush(env._queue, (at_us, NORMAL, sequence, self))
+        self.callbacks = [callback]
+        self.event_type = event_type
+        return processed
 
     def _desc(self) -> str:
         return f"{self.event_type.name}(request {self.request.request_id})"
@@ -297,10 +317,17 @@ class EngineBase:
         return at
 
     def run(self) -> None:
-        """Call :meth:`run_next_timestamp` until nothing at all is pending."""
+        """Process events until nothing at all is pending.
+
+        The same events in the same order as calling :meth:`run_next_timestamp` until
+        it returns ``None`` (that method only decides where to pause), without the
+        per-timestamp bookkeeping.
+        """
         self._check_alive()
-        while self.run_next_timestamp() is not None:
-            pass
+        queue = self._env._queue
+        step = self._env.step
+        while queue:
+            step()
 
     def cancel_request(self, request_id: int) -> None:
         """Cancel a request that has not finished; it becomes ``CANCELLED`` at ``now_us``.

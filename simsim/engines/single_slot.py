@@ -113,64 +113,62 @@ class SimulationEngine(EngineBase):
                 self._ignore_or_fail(event)
                 return
             now = self._env._now
-            rid = request.request_id
             if request.state is not _PREFILLING:
                 self._raise_stale(event)
             if request.max_output_tokens > 0:
-                at = now + check_duration_us(self._backend.decode_step_us(1), "decode_step_us", rid)
-                if at > MAX_TIME_US:
-                    raise _overflow(at, rid)
+                cost = self._decode_step_us(request)
+                processed = event.requeue(self._on_decode_step, _DECODE, now + cost)
                 request.transition_to(_DECODING, now)
-                request.prefill_end_time_us = now
-                request._pending = LifecycleEvent(
-                    self._env, self._on_decode_step, request, _DECODE, at
-                )
             else:
-                request.prefill_end_time_us = now
-                request._pending = LifecycleEvent(
-                    self._env, self._on_request_complete, request, _COMPLETE, now
-                )
+                processed = event.requeue(self._on_request_complete, _COMPLETE, now)
+            request.prefill_end_time_us = now
             self._processed_event_count += 1
-            self._event_log.append(now, event.sequence, _PREFILL, rid)
+            self._event_log.append(now, processed, _PREFILL, request.request_id)
         except BaseException as error:
             self._fail(error)
             raise
 
     def _on_decode_step(self, event: LifecycleEvent) -> None:
+        # The hot path: one call per generated token. Kept flat on purpose.
         try:
             request = event.request
             if request._pending is not event:
                 self._ignore_or_fail(event)
                 return
             now = self._env._now
-            rid = request.request_id
             if request.state is not _DECODING:
                 self._raise_stale(event)
             tokens = request.generated_token_count + 1
-            if tokens >= request.max_output_tokens:
-                if tokens > request.max_output_tokens:
-                    raise InvalidTransitionError(
-                        f"request {rid}: token {tokens} is past max_output_tokens "
-                        f"{request.max_output_tokens}"
-                    )
-                request._pending = LifecycleEvent(
-                    self._env, self._on_request_complete, request, _COMPLETE, now
+            limit = request.max_output_tokens
+            if tokens < limit:
+                processed = event.requeue(
+                    self._on_decode_step, _DECODE, now + self._decode_step_us(request)
                 )
+            elif tokens == limit:
+                processed = event.requeue(self._on_request_complete, _COMPLETE, now)
             else:
-                at = now + check_duration_us(self._backend.decode_step_us(1), "decode_step_us", rid)
-                if at > MAX_TIME_US:
-                    raise _overflow(at, rid)
-                request._pending = LifecycleEvent(
-                    self._env, self._on_decode_step, request, _DECODE, at
+                raise InvalidTransitionError(
+                    f"request {request.request_id}: token {tokens} is past "
+                    f"max_output_tokens {limit}"
                 )
             request.generated_token_count = tokens
             if request.first_token_time_us is None:
                 request.first_token_time_us = now
             self._processed_event_count += 1
-            self._event_log.append(now, event.sequence, _DECODE, rid)
+            log = self._event_log
+            log.timestamps.append(now)
+            log.sequences.append(processed)
+            log.types.append(_DECODE)
+            log.request_ids.append(request.request_id)
         except BaseException as error:
             self._fail(error)
             raise
+
+    def _decode_step_us(self, request: Request) -> int:
+        cost = self._backend.decode_step_us(1)
+        if type(cost) is not int or cost < 0:
+            cost = check_duration_us(cost, "decode_step_us", request.request_id)
+        return cost
 
     def _on_request_complete(self, event: LifecycleEvent) -> None:
         try:
