@@ -7,7 +7,7 @@ analytical cost model, never measured hardware performance.
 from simsim import traces, workloads
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
-from simsim.engines import SimulationEngine
+from simsim.engines import FastSimulationEngine, SimulationEngine
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -37,6 +37,7 @@ __all__ = [
     "Environment",
     "EventRecord",
     "EventType",
+    "FastSimulationEngine",
     "FcfsScheduler",
     "InvalidTransitionError",
     "QueuedRequest",

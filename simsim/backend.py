@@ -80,15 +80,20 @@ class SimulatedBackend:
 
     def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
         """Prefill cost: base + per-token * prompt + per-active-sequence * batch size."""
-        tokens = check_count(prompt_token_count, "prompt_token_count")
-        batch = check_count(active_batch_size, "active_batch_size")
+        tokens, batch = prompt_token_count, active_batch_size
+        if type(tokens) is not int or tokens < 0:
+            tokens = check_count(tokens, "prompt_token_count")
+        if type(batch) is not int or batch < 0:
+            batch = check_count(batch, "active_batch_size")
         c = self._config
         total = (
             c.prefill_base_us
             + c.prefill_per_token_us * tokens
             + c.prefill_per_active_sequence_us * batch
         )
-        return _checked(total, f"prefill_us({tokens}, {batch})")
+        if total > MAX_TIME_US:
+            raise OverflowError(f"prefill_us({tokens}, {batch}) = {total} us is past 2**63 - 1")
+        return total
 
     def decode_step_us(self, active_sequence_count: int) -> int:
         """Decode-step cost: base + per-active-sequence * active sequences."""

@@ -153,6 +153,9 @@ class Environment(simpy.Environment):
         self._processing = False
         # Heap keys for the run() machinery (negative, so never equal to a sequence).
         self._aside = count(-1, -1)
+        # The time at which run(until=...) last stopped, before any event of that time;
+        # -1 once another event has been processed since.
+        self._stopped_at = -1
         # simpy.Environment binds its event factories only for names in the class's own
         # __dict__, which a subclass does not share; bind them here so that
         # env.timeout(...) costs what it costs on a plain environment.
@@ -173,6 +176,15 @@ class Environment(simpy.Environment):
         callback at the current time) from one made by the driver between steps.
         """
         return self._processing
+
+    @property
+    def stopped_before_now(self) -> bool:
+        """``True`` right after ``run(until=...)`` stopped: no event of ``now`` has run yet.
+
+        Engines that compute progress instead of stepping through it read this to tell
+        "every event at now is done" (after a step) from "none is" (after a stop).
+        """
+        return self._stopped_at == self._now
 
     def schedule(
         self,
@@ -217,6 +229,7 @@ class Environment(simpy.Environment):
             raise EmptySchedule from None
 
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+        self._stopped_at = -1
         self._processing = True
         try:
             for callback in callbacks:
@@ -265,6 +278,7 @@ class Environment(simpy.Environment):
             while True:
                 self.step()
         except StopSimulation as stop:
+            self._stopped_at = self._now
             return stop.args[0]
         except EmptySchedule:
             if until is not None:

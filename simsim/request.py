@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from simsim.clock import check_count, check_time_us
+from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.errors import InvalidTransitionError
 
 __all__ = ["LEGAL_TRANSITIONS", "TERMINAL_STATES", "Request", "RequestState"]
@@ -45,6 +45,10 @@ class RequestState(enum.Enum):
     """Cancelled explicitly (terminal)."""
     PREEMPTED = enum.auto()
     """Evicted by the batching server and queued again (never used by the single slot)."""
+
+    # Members are singletons: hash by identity in C instead of Enum's Python-level
+    # hash of the name, which showed up in profiles of transition checks.
+    __hash__ = object.__hash__
 
 
 TERMINAL_STATES: Final = frozenset({RequestState.FINISHED, RequestState.CANCELLED})
@@ -92,6 +96,8 @@ class Request:
     finish_time_us: int | None = None
     # The engine's one outstanding lifecycle event for this request (not public state).
     _pending: Any = field(default=None, init=False, repr=False, compare=False)
+    # The engine's event object for this request, reused from step to step.
+    _event: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -101,6 +107,35 @@ class Request:
 
         Raises ``TypeError`` or ``ValueError`` naming the field and the value.
         """
+        if self.is_fresh():
+            return
+        self._validate_fields()
+
+    def is_fresh(self) -> bool:
+        """``True`` for a pristine request whose fields are all plain in-range ints.
+
+        The common case, checked in one expression; :meth:`validate` does the full work
+        only when this is ``False``.
+        """
+        return (
+            type(self.request_id) is int
+            and type(self.arrival_time_us) is int
+            and type(self.prompt_token_count) is int
+            and type(self.max_output_tokens) is int
+            and 0 <= self.request_id <= MAX_TIME_US
+            and 0 <= self.arrival_time_us <= MAX_TIME_US
+            and 0 <= self.prompt_token_count <= MAX_TIME_US
+            and 0 <= self.max_output_tokens <= MAX_TIME_US
+            and self.state is RequestState.WAITING
+            and self.generated_token_count == 0
+            and type(self.generated_token_count) is int
+            and self.admit_time_us is None
+            and self.prefill_end_time_us is None
+            and self.first_token_time_us is None
+            and self.finish_time_us is None
+        )
+
+    def _validate_fields(self) -> None:
         self.request_id = check_count(self.request_id, "request_id")
         self.arrival_time_us = check_time_us(self.arrival_time_us, "arrival_time_us")
         self.prompt_token_count = check_count(self.prompt_token_count, "prompt_token_count")
@@ -146,7 +181,8 @@ class Request:
         Raises :class:`InvalidTransitionError` for a pair not in
         :data:`LEGAL_TRANSITIONS` (including any move out of a terminal state).
         """
-        now_us = check_time_us(now_us, "now_us")
+        if type(now_us) is not int or now_us < 0:
+            now_us = check_time_us(now_us, "now_us")
         old_state = self.state
         if (old_state, new_state) not in LEGAL_TRANSITIONS:
             raise InvalidTransitionError(

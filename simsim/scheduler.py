@@ -15,7 +15,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from simsim.clock import check_count, check_time_us
+from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.errors import StaleDecisionError, UnknownRequestError
 
 __all__ = [
@@ -38,6 +38,17 @@ class QueuedRequest:
 
     def __post_init__(self) -> None:
         # Checked like Request's fields, so user-built records obey the same rules.
+        if (
+            type(self.request_id) is int
+            and type(self.arrival_time_us) is int
+            and type(self.prompt_token_count) is int
+            and type(self.max_output_tokens) is int
+            and 0 <= self.request_id <= MAX_TIME_US
+            and 0 <= self.arrival_time_us <= MAX_TIME_US
+            and 0 <= self.prompt_token_count <= MAX_TIME_US
+            and 0 <= self.max_output_tokens <= MAX_TIME_US
+        ):
+            return
         for name, check in (
             ("request_id", check_count),
             ("arrival_time_us", check_time_us),
@@ -191,7 +202,8 @@ class FcfsScheduler:
 
     def decide(self, now_us: int) -> AdmissionDecision | None:
         """The head of the queue under the current epoch, or ``None`` when empty."""
-        check_time_us(now_us, "now_us")
+        if type(now_us) is not int or now_us < 0:
+            check_time_us(now_us, "now_us")
         heap = self._heap
         if not heap:
             return None

@@ -68,7 +68,14 @@ class LifecycleEvent(Event):
         self._value = None
         self.request = request
         self.event_type = event_type
-        self.sequence = env.schedule_at(self, at_us)
+        if at_us > MAX_TIME_US:
+            raise OverflowError(
+                f"request {request.request_id}: an event at {at_us} us would be past the "
+                "64-bit limit 2**63 - 1"
+            )
+        # env.schedule_at, inlined: this runs once per submitted request.
+        self.sequence = sequence = next(env._eid)
+        heappush(env._queue, (at_us, NORMAL, sequence, self))
 
     def requeue(self, callback: Any, event_type: EventType, at_us: int) -> int:
         """Schedule this processed event again as the request's next one.
@@ -265,13 +272,15 @@ class EngineBase:
         self._check_alive()
         if not isinstance(request, Request):
             raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
-        request.validate()
+        fresh = request.is_fresh()
+        if not fresh:
+            request.validate()
         rid = request.request_id
         if rid in self._requests:
             raise ValueError(f"request {rid} was already submitted to this engine")
-        if request._pending is not None:
+        if request._pending is not None or request._event is not None:
             raise ValueError(f"request {rid} is already submitted to another engine")
-        if not request.is_pristine:
+        if not fresh and not request.is_pristine:
             raise ValueError(
                 f"request {rid} is not pristine (state {request.state.name}, "
                 f"{request.generated_token_count} tokens, admit={request.admit_time_us}, "
@@ -286,7 +295,7 @@ class EngineBase:
                 f"time {now} us"
             )
         self._check_admissible(request)
-        request._pending = LifecycleEvent(
+        request._pending = request._event = LifecycleEvent(
             self._env,
             self._on_arrival,
             request,

@@ -14,6 +14,8 @@ its prefill ``prefill_us(prompt, 1)`` later. Each decode step is scheduled
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simpy.events import Event
 
 from simsim.backend import Backend
@@ -98,10 +100,10 @@ class SimulationEngine(EngineBase):
                     request.max_output_tokens,
                 )
             )
-            if self._active is None:
-                self._request_boundary()
             self._processed_event_count += 1
             self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
+            if self._active is None:
+                self._fill_free_slot()
         except BaseException as error:
             self._fail(error)
             raise
@@ -180,11 +182,11 @@ class SimulationEngine(EngineBase):
             request.transition_to(_FINISHED, now)
             request._pending = None
             self._active = None
-            if len(self._scheduler):
-                self._request_boundary()
             self._processed_event_count += 1
             self._event_log.append(now, event.sequence, _COMPLETE, request.request_id)
             self._notify_terminal(request)
+            if len(self._scheduler):
+                self._fill_free_slot()
         except BaseException as error:
             self._fail(error)
             raise
@@ -216,8 +218,11 @@ class SimulationEngine(EngineBase):
             raise InvalidTransitionError(
                 f"scheduler proposed request {rid}, which is {request.state.name}, not WAITING"
             )
-        cost = self._backend.prefill_us(request.prompt_token_count, 1)
-        at = now + check_duration_us(cost, "prefill_us", rid)
+        prefill_us = self._backend.prefill_us(request.prompt_token_count, 1)
+        if type(prefill_us) is not int or prefill_us < 0:
+            prefill_us = check_duration_us(prefill_us, "prefill_us", rid)
+        # Everything is priced and checked before the scheduler or the request changes.
+        callback, event_type, at = self._plan_work(request, now, prefill_us)
         if at > MAX_TIME_US:
             raise _overflow(at, rid)
         admitted = scheduler.commit(decision)
@@ -226,11 +231,24 @@ class SimulationEngine(EngineBase):
                 f"scheduler committed request {admitted.request_id} for a decision on {rid}"
             )
         request.transition_to(_PREFILLING, now)
-        request._pending = LifecycleEvent(
-            self._env, self._on_prefill_complete, request, _PREFILL, at
-        )
+        event = request._event
+        event.requeue(callback, event_type, at)
+        request._pending = event
         self._active = request
-        self._admission_log.append(now, rid, decision.epoch)
+        log = self._admission_log
+        log.timestamps.append(now)
+        log.request_ids.append(rid)
+        log.epochs.append(decision.epoch)
+
+    def _plan_work(
+        self, request: Request, now: int, prefill_us: int
+    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+        """The first event of an admitted request's work: its prefill completion."""
+        return self._on_prefill_complete, _PREFILL, now + prefill_us
+
+    def _fill_free_slot(self) -> None:
+        """The slot is free and someone may be queued: admit at the end of this timestamp."""
+        self._request_boundary()
 
     def _cancel_active(self, request: Request, now: int) -> None:
         pending = request._pending

@@ -1,0 +1,214 @@
+"""The single slot with its work collapsed: one event from admission to finish.
+
+:class:`FastSimulationEngine` runs the same model as
+:class:`~simsim.engines.single_slot.SimulationEngine` and produces the same request
+table, but it does not put one event per prefill and per output token into the heap.
+At admission it prices the prefill and one decode step and schedules a single event at
+``admit + prefill + tokens * step``, which finishes the request (a zero-cost prefill
+gets an event of its own first, as the full engine leaves such work for the next
+step). Progress in between
+(the prefill's end, the tokens so far) is worked out when someone can look at it: at
+the end of every :meth:`~FastSimulationEngine.run_next_timestamp` and
+:meth:`~FastSimulationEngine.run`, on :attr:`~FastSimulationEngine.requests` and the
+result frames, and when the request is cancelled. When nothing else happens at a
+timestamp, the free slot is filled directly instead of through a boundary event.
+
+What differs from the full engine, by design:
+
+* the event log holds only ``REQUEST_ARRIVAL`` and ``REQUEST_COMPLETE`` records (the
+  request table is the product; sequence numbers differ from the full engine's);
+* the backend must price work from its arguments alone: one decode step is priced once
+  per request, not once per token;
+* a cancellation from *inside* the simulation at the very microsecond a skipped step
+  ends counts that step (work ending at or before the cancellation's microsecond has
+  happened); the full engine counts it only if the step's event came first in the heap;
+* a ``Request`` object a SimPy process holds is brought up to date only through the
+  engine (``engine.requests``, stepping with ``run_next_timestamp()``), not while
+  ``env.run()`` is driving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from simsim.backend import Backend
+from simsim.clock import Environment
+from simsim.engines.base import LifecycleEvent
+from simsim.engines.single_slot import SimulationEngine
+from simsim.records import EventType
+from simsim.request import Request, RequestState
+from simsim.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["FastSimulationEngine"]
+
+_PREFILLING = RequestState.PREFILLING
+_DECODING = RequestState.DECODING
+_FINISHED = RequestState.FINISHED
+_PREFILL = EventType.PREFILL_COMPLETE
+_COMPLETE = EventType.REQUEST_COMPLETE
+
+
+class FastSimulationEngine(SimulationEngine):
+    """A single-slot engine that skips per-token events; same request table, far fewer events.
+
+    Same constructor and methods as :class:`~simsim.SimulationEngine`. Use it for big
+    runs and sweeps where the per-token event log is not needed.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        scheduler: Scheduler | None = None,
+        *,
+        max_active_requests: int = 1,
+        env: Environment | None = None,
+    ) -> None:
+        super().__init__(backend, scheduler, max_active_requests=max_active_requests, env=env)
+        # Of the active request: when its prefill ends and what one decode step costs.
+        self._prefill_end_us = 0
+        self._step_us = 0
+
+    # ------------------------------------------------------------------ observation
+
+    def _catch_up(self) -> None:
+        """Bring the active request's prefill and tokens up to the current time."""
+        request = self._active
+        if request is None:
+            return
+        env = self._env
+        # Work ending at or before now has happened (every event at now is done) --
+        # unless run(until=now) has just stopped the clock before any event of now.
+        now = env._now - 1 if env._stopped_at == env._now else env._now
+        prefill_end = self._prefill_end_us
+        if now < prefill_end or request._pending.event_type is _PREFILL:
+            return
+        if request.state is _PREFILLING:
+            request.prefill_end_time_us = prefill_end
+            if request.max_output_tokens == 0:
+                return
+            request.transition_to(_DECODING, prefill_end)
+        step = self._step_us
+        limit = request.max_output_tokens
+        done = limit if step == 0 else min(limit, (now - prefill_end) // step)
+        if done > request.generated_token_count:
+            request.generated_token_count = done
+            if request.first_token_time_us is None:
+                request.first_token_time_us = prefill_end + step
+
+    @property
+    def requests(self) -> Mapping[int, Request]:
+        """As on the full engine, with the active request's progress up to date."""
+        self._check_alive()
+        self._catch_up()
+        return super().requests
+
+    def requests_frame(self) -> pd.DataFrame:
+        """As on the full engine, with the active request's progress up to date."""
+        self._check_alive()
+        self._catch_up()
+        return super().requests_frame()
+
+    def run_next_timestamp(self) -> int | None:
+        """As on the full engine; the active request's progress is up to date after it."""
+        at = super().run_next_timestamp()
+        self._catch_up()
+        return at
+
+    def run(self) -> None:
+        """As on the full engine."""
+        super().run()
+        self._catch_up()
+
+    # ------------------------------------------------------------------ events
+
+    def _plan_work(
+        self, request: Request, now: int, prefill_us: int
+    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+        if prefill_us == 0:
+            # A zero-cost prefill at the admission's own time is work the full engine
+            # leaves for the next step; a real event keeps that visible here too.
+            return self._on_prefill_complete, _PREFILL, now
+        return self._plan_decode(request, now + prefill_us)
+
+    def _plan_decode(
+        self, request: Request, prefill_end: int
+    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+        tokens = request.max_output_tokens
+        step = self._decode_step_us(request) if tokens > 0 else 0
+        self._prefill_end_us = prefill_end
+        self._step_us = step
+        return self._on_work_done, _COMPLETE, prefill_end + step * tokens
+
+    def _on_prefill_complete(self, event: LifecycleEvent) -> None:
+        # Only zero-cost prefills have an event of their own (see _plan_work).
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            if request.state is not _PREFILLING:
+                self._raise_stale(event)
+            callback, event_type, at = self._plan_decode(request, self._env._now)
+            event.requeue(callback, event_type, at)
+            self._processed_event_count += 1
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_work_done(self, event: LifecycleEvent) -> None:
+        """The request's last piece of work ended: it has everything and completes.
+
+        The full engine's prefill, decode and completion handlers in one, kept flat:
+        this runs once per request and is most of the fast engine's time.
+        """
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            now = self._env._now
+            limit = request.max_output_tokens
+            if request.state is _PREFILLING:
+                request.prefill_end_time_us = self._prefill_end_us
+                if limit > 0:
+                    request.transition_to(_DECODING, now)
+            if limit > 0:
+                request.generated_token_count = limit
+                if request.first_token_time_us is None:
+                    request.first_token_time_us = self._prefill_end_us + self._step_us
+            request.transition_to(_FINISHED, now)
+            request._pending = None
+            self._active = None
+            self._processed_event_count += 1
+            log = self._event_log
+            log.timestamps.append(now)
+            log.sequences.append(event.sequence)
+            log.types.append(_COMPLETE)
+            log.request_ids.append(request.request_id)
+            if self._completions:
+                self._notify_terminal(request)
+            if len(self._scheduler):
+                self._fill_free_slot()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _fill_free_slot(self) -> None:
+        # Called last in this engine's own event callbacks. If nothing else is due at
+        # this time, the boundary would be the very next event: admit now instead,
+        # and let run_next_timestamp() pause here exactly as after a boundary.
+        env = self._env
+        queue = env._queue
+        if self._boundary_pending or (queue and queue[0][0] == env._now):
+            self._request_boundary()
+            return
+        self._boundary_fired = True
+        self._admit()
+
+    def _cancel_active(self, request: Request, now: int) -> None:
+        self._catch_up()
+        super()._cancel_active(request, now)
