@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from simsim.backend import SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import MAX_TIME_US, Environment
-from simsim.engines import SimulationEngine
+from simsim.engines import FastSimulationEngine, SimulationEngine
 from simsim.request import Request
 from simsim.scheduler import FcfsScheduler
 from simsim.traces import TraceError, read_azure_trace, read_plain_trace
@@ -52,7 +52,7 @@ __all__ = [
     "run_scenario",
 ]
 
-ENGINES = ("single_slot",)
+ENGINES = ("single_slot", "single_slot_fast")
 SCHEDULERS = ("fcfs",)
 
 
@@ -681,7 +681,10 @@ def run_scenario(
     """
     specs = scenario.all_requests()
     env = Environment()
-    engine = SimulationEngine(SimulatedBackend(scenario.backend), FcfsScheduler(), env=env)
+    engine_class = (
+        FastSimulationEngine if scenario.engine == "single_slot_fast" else SimulationEngine
+    )
+    engine = engine_class(SimulatedBackend(scenario.backend), FcfsScheduler(), env=env)
     for spec in specs:
         engine.submit(spec.to_request())
     deadlines = [(c.time_us, c.request_id) for c in scenario.cancellations]

@@ -190,3 +190,18 @@ def test_cancellation_inside_the_simulation_counts_a_step_ending_that_microsecon
     for engine in (full, fast):
         assert engine.requests[0].state is simsim.RequestState.CANCELLED
         assert engine.requests[0].finish_time_us == 140
+
+
+def test_scenario_files_can_choose_the_fast_engine() -> None:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from simsim.scenario import load_scenario, run_scenario
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "scenarios" / "bursty.toml"
+    scenario = load_scenario(path)
+    full = run_scenario(scenario)
+    fast = run_scenario(replace(scenario, engine="single_slot_fast"))
+    assert type(fast) is simsim.FastSimulationEngine
+    pd.testing.assert_frame_equal(fast.requests_frame(), full.requests_frame())
+    assert fast.processed_event_count < full.processed_event_count / 10
