@@ -7,7 +7,12 @@ analytical cost model, never measured hardware performance.
 from simsim import traces, workloads
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
-from simsim.engines import FastSimulationEngine, SimulationEngine
+from simsim.engines import (
+    BatchingEngine,
+    FastSimulationEngine,
+    KvCacheConfig,
+    SimulationEngine,
+)
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -16,7 +21,7 @@ from simsim.errors import (
     StaleEventError,
     UnknownRequestError,
 )
-from simsim.records import AdmissionRecord, EventRecord, EventType
+from simsim.records import AdmissionRecord, EventRecord, EventType, IterationRecord
 from simsim.request import Request, RequestState
 from simsim.results import summarize
 from simsim.scheduler import (
@@ -33,6 +38,7 @@ __all__ = [
     "AdmissionDecision",
     "AdmissionRecord",
     "Backend",
+    "BatchingEngine",
     "EngineFailedError",
     "Environment",
     "EventRecord",
@@ -40,6 +46,8 @@ __all__ = [
     "FastSimulationEngine",
     "FcfsScheduler",
     "InvalidTransitionError",
+    "IterationRecord",
+    "KvCacheConfig",
     "QueuedRequest",
     "Request",
     "RequestState",

@@ -11,15 +11,17 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Generic, TypeVar, overload
 
 __all__ = [
+    "ITERATION_COLUMNS",
     "AdmissionLog",
     "AdmissionRecord",
     "EventLog",
     "EventRecord",
     "EventType",
+    "IterationRecord",
     "RecordView",
 ]
 
@@ -59,6 +61,28 @@ class AdmissionRecord:
     timestamp_us: int
     request_id: int
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One launched iteration, written when it ends or is abandoned.
+
+    ``end_us`` is the planned end, also for an abandoned iteration; the counts are as
+    launched. ``batch_size`` is how many requests held a slot at launch and
+    ``kv_blocks_in_use`` how many KV blocks they held (0 without a KV cache).
+    """
+
+    start_us: int
+    end_us: int
+    prefill_tokens: int
+    prefilling_count: int
+    decoding_count: int
+    abandoned: bool
+    batch_size: int
+    kv_blocks_in_use: int
+
+
+ITERATION_COLUMNS = tuple(spec.name for spec in fields(IterationRecord))
 
 
 R = TypeVar("R")

@@ -15,13 +15,13 @@ Derived latency columns (all in microseconds, from the request's own timestamps)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from simsim.records import AdmissionLog, EventLog, EventType
+from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import Request, RequestState
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "REQUEST_COLUMNS",
     "admissions_frame",
     "events_frame",
+    "iterations_frame",
     "requests_frame",
     "summarize",
 ]
@@ -103,6 +104,20 @@ def events_frame(log: EventLog) -> pd.DataFrame:
             "request_id": pd.array(log.request_ids, dtype="int64"),
         }
     )
+
+
+def iterations_frame(records: Sequence[Any]) -> pd.DataFrame:
+    """One row per batching iteration (see :class:`simsim.IterationRecord`).
+
+    ``start_us`` and ``end_us`` are ``Int64``; an engine with no iterations gives an
+    empty frame with the same columns.
+    """
+    columns: dict[str, Any] = {}
+    for name in ITERATION_COLUMNS:
+        values = [getattr(record, name) for record in records]
+        dtype = "bool" if name == "abandoned" else ("Int64" if name.endswith("_us") else "int64")
+        columns[name] = pd.Series(values, dtype=dtype)
+    return pd.DataFrame(columns)
 
 
 def admissions_frame(log: AdmissionLog) -> pd.DataFrame:

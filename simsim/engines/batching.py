@@ -1,0 +1,528 @@
+"""The continuous-batching server: iterations over a batch of requests, KV-cache blocks.
+
+While any request holds a slot, :class:`BatchingEngine` runs iterations back to back.
+Each iteration is one SimPy event whose duration is fixed when it is launched. A new
+iteration starts at a timestamp boundary (after every event of that time), in four
+steps:
+
+1. requests that finished or were cancelled have already left;
+2. each decoding request reserves the KV block its next token needs, oldest admission
+   first; when no block is free the most recently admitted request is preempted (freed,
+   logged ``REQUEST_PREEMPTED``, queued again as ``PREEMPTED``), and so on;
+3. the scheduler's heads are admitted while a slot and memory allow (and, under
+   ``prefill_first``, the token cap); a head that does not fit stops admission;
+4. the iteration is launched: under ``prefill_first`` an iteration with new admissions
+   prefills their whole prompts and decodes nobody, otherwise every decoding request
+   decodes one token; under ``mixed`` every decoding request decodes one token and the
+   rest of ``max_batch_tokens`` goes to prefill chunks in admission order.
+
+When the iteration ends, its records are written in admission order, each with its own
+sequence number, stamped with the end time. See ``docs/batching.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from heapq import heappush
+from typing import TYPE_CHECKING, Any
+
+from simpy.events import NORMAL, Event
+
+from simsim.backend import Backend, iteration_cost_us
+from simsim.clock import MAX_TIME_US, Environment, check_count
+from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us
+from simsim.errors import InvalidTransitionError, StaleEventError, UnknownRequestError
+from simsim.records import EventType, IterationRecord
+from simsim.request import Request, RequestState
+from simsim.scheduler import QueuedRequest, Scheduler
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["POLICIES", "BatchingEngine", "KvCacheConfig"]
+
+POLICIES = ("prefill_first", "mixed")
+"""The iteration policies :class:`BatchingEngine` knows."""
+
+_WAITING = RequestState.WAITING
+_PREFILLING = RequestState.PREFILLING
+_DECODING = RequestState.DECODING
+_FINISHED = RequestState.FINISHED
+_CANCELLED = RequestState.CANCELLED
+_PREEMPTED = RequestState.PREEMPTED
+
+_ARRIVAL = EventType.REQUEST_ARRIVAL
+_PREFILL = EventType.PREFILL_COMPLETE
+_DECODE = EventType.DECODE_STEP_COMPLETE
+_COMPLETE = EventType.REQUEST_COMPLETE
+_PREEMPT = EventType.REQUEST_PREEMPTED
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheConfig:
+    """A paged KV cache: ``total_blocks`` blocks of ``block_size_tokens`` tokens each."""
+
+    block_size_tokens: int
+    total_blocks: int
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = _positive(getattr(self, spec.name), spec.name)
+            object.__setattr__(self, spec.name, value)
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks needed to hold *tokens* tokens: ``ceil(tokens / block_size_tokens)``."""
+        return -(-tokens // self.block_size_tokens)
+
+
+class _Slot:
+    """A request's place in the batch: how much it has prefilled and what it holds."""
+
+    __slots__ = ("blocks", "decoded", "left", "prefilled", "request", "target")
+
+    def __init__(self, request: Request, target: int, blocks: int) -> None:
+        self.request = request
+        self.target = target  # tokens to prefill: the prompt plus any recomputed output
+        self.prefilled = 0
+        self.decoded = 0  # tokens decoded since this admission
+        self.blocks = blocks
+        self.left = False  # cancelled while its iteration ran
+
+
+class _IterationEvent(Event):
+    """The end of one iteration: the engine's one event for the whole batch."""
+
+    def __init__(self, env: Environment, callback: Any, at_us: int) -> None:
+        self.env = env
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+        self.sequence = next(env._eid)
+        heappush(env._queue, (at_us, NORMAL, self.sequence, self))
+
+
+class _Iteration:
+    __slots__ = ("event", "participants", "record")
+
+    def __init__(
+        self,
+        event: _IterationEvent,
+        participants: list[tuple[_Slot, int | None]],
+        record: IterationRecord,
+    ) -> None:
+        self.event = event
+        self.participants = participants  # (slot, prefill chunk) or (slot, None) to decode
+        self.record = record
+
+
+class BatchingEngine(EngineBase):
+    """An iteration-level (continuous batching) server with an optional paged KV cache.
+
+    ``BatchingEngine(backend, scheduler=None, *, max_active_requests,
+    max_batch_tokens=None, policy="prefill_first", kv_cache=None, env=None)``.
+    Same ``submit``, ``run_next_timestamp``, ``run``, ``cancel_request``,
+    ``completion``, accessors, failure rules and frames as
+    :class:`~simsim.SimulationEngine`, plus :attr:`iteration_log` and
+    :meth:`iterations_frame`.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        scheduler: Scheduler | None = None,
+        *,
+        max_active_requests: int,
+        max_batch_tokens: int | None = None,
+        policy: str = "prefill_first",
+        kv_cache: KvCacheConfig | None = None,
+        env: Environment | None = None,
+    ) -> None:
+        slots = _positive(max_active_requests, "max_active_requests")
+        if max_batch_tokens is not None:
+            max_batch_tokens = _positive(max_batch_tokens, "max_batch_tokens")
+            if max_batch_tokens < slots:
+                raise ValueError(
+                    f"max_batch_tokens={max_batch_tokens} must be >= max_active_requests="
+                    f"{slots}, so that one decode token per request always fits"
+                )
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        if policy == "mixed" and max_batch_tokens is None:
+            raise ValueError("policy 'mixed' needs max_batch_tokens (the per-iteration budget)")
+        if kv_cache is not None and not isinstance(kv_cache, KvCacheConfig):
+            raise TypeError(f"kv_cache must be a KvCacheConfig or None, got {kv_cache!r}")
+        super().__init__(backend, scheduler, env)
+        self._max_active_requests = slots
+        self._max_batch_tokens = max_batch_tokens
+        self._policy = policy
+        self._kv_cache = kv_cache
+        self._free_blocks = 0 if kv_cache is None else kv_cache.total_blocks
+        self._slots: list[_Slot] = []  # admission order, oldest first
+        self._slot_of: dict[int, _Slot] = {}
+        self._iteration: _Iteration | None = None
+        self._abandoned: set[_IterationEvent] = set()
+        self._iterations: list[IterationRecord] = []
+        iteration_us = getattr(backend, "iteration_us", None)
+        self._iteration_us = iteration_us if callable(iteration_us) else None
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def max_active_requests(self) -> int:
+        """How many requests may hold a slot at once."""
+        return self._max_active_requests
+
+    @property
+    def max_batch_tokens(self) -> int | None:
+        """The per-iteration token budget (``None``: no cap under ``prefill_first``)."""
+        return self._max_batch_tokens
+
+    @property
+    def policy(self) -> str:
+        """``"prefill_first"`` or ``"mixed"``."""
+        return self._policy
+
+    @property
+    def kv_cache(self) -> KvCacheConfig | None:
+        """The KV cache, or ``None`` for unlimited memory."""
+        return self._kv_cache
+
+    @property
+    def kv_blocks_in_use(self) -> int:
+        """KV blocks held by requests in the batch now."""
+        self._check_alive()
+        return sum(slot.blocks for slot in self._slots)
+
+    @property
+    def active_request_ids(self) -> list[int]:
+        """Ids of the requests holding a slot, in admission order."""
+        self._check_alive()
+        return [slot.request.request_id for slot in self._slots]
+
+    @property
+    def iteration_log(self) -> Sequence[IterationRecord]:
+        """Every launched iteration, in the order they ended or were abandoned."""
+        self._check_alive()
+        return tuple(self._iterations)
+
+    def iterations_frame(self) -> pd.DataFrame:
+        """One row per :attr:`iteration_log` entry; times are ``Int64``."""
+        self._check_alive()
+        from simsim.results import iterations_frame
+
+        return iterations_frame(self._iterations)
+
+    # ------------------------------------------------------------------ submission
+
+    def _check_admissible(self, request: Request) -> None:
+        cache = self._kv_cache
+        if cache is None:
+            return
+        need = cache.blocks_for(request.prompt_token_count + request.max_output_tokens)
+        if need > cache.total_blocks:
+            raise ValueError(
+                f"request {request.request_id} needs {need} KV blocks for its "
+                f"{request.prompt_token_count} prompt and {request.max_output_tokens} output "
+                f"tokens, more than the whole cache ({cache.total_blocks} blocks of "
+                f"{cache.block_size_tokens} tokens); it could never run"
+            )
+
+    # ------------------------------------------------------------------ events
+
+    def _on_arrival(self, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            request._pending = None
+            self._scheduler.enqueue(_queued(request))
+            self._processed_event_count += 1
+            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
+            if self._iteration is None:
+                self._request_boundary()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_boundary(self, event: Event) -> None:
+        try:
+            self._boundary_pending = False
+            self._boundary_fired = True
+            if self._iteration is None:
+                self._admit()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _on_iteration_end(self, event: _IterationEvent) -> None:
+        try:
+            iteration = self._iteration
+            if iteration is None or iteration.event is not event:
+                if event in self._abandoned:
+                    self._abandoned.discard(event)
+                    self._ignored_cancelled_event_count += 1
+                    self._processed_event_count += 1
+                    return
+                raise StaleEventError(
+                    f"an iteration end (sequence {event.sequence}) came up at "
+                    f"{self._env._now} us that the engine was not waiting for"
+                )
+            self._iteration = None
+            now = self._env._now
+            for slot, chunk in iteration.participants:
+                if slot.left:
+                    continue  # cancelled during the iteration: its share is ignored
+                if chunk is None:
+                    self._decoded(slot, now)
+                else:
+                    self._prefilled(slot, chunk, now)
+            self._iterations.append(iteration.record)
+            self._processed_event_count += 1
+            if self._slots or len(self._scheduler):
+                self._request_boundary()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _prefilled(self, slot: _Slot, chunk: int, now: int) -> None:
+        slot.prefilled += chunk
+        if slot.prefilled < slot.target:
+            return
+        request = slot.request
+        request.prefill_end_time_us = now
+        self._log(now, _PREFILL, request.request_id)
+        if request.generated_token_count == request.max_output_tokens:
+            self._complete(slot, now)  # a zero-output request
+        else:
+            request.transition_to(_DECODING, now)
+
+    def _decoded(self, slot: _Slot, now: int) -> None:
+        request = slot.request
+        tokens = request.generated_token_count + 1
+        if tokens > request.max_output_tokens:
+            raise InvalidTransitionError(
+                f"request {request.request_id}: token {tokens} is past max_output_tokens "
+                f"{request.max_output_tokens}"
+            )
+        request.generated_token_count = tokens
+        slot.decoded += 1
+        if request.first_token_time_us is None:
+            request.first_token_time_us = now
+        self._log(now, _DECODE, request.request_id)
+        if tokens == request.max_output_tokens:
+            self._complete(slot, now)
+
+    def _complete(self, slot: _Slot, now: int) -> None:
+        request = slot.request
+        request.transition_to(_FINISHED, now)
+        self._log(now, _COMPLETE, request.request_id)
+        self._leave(slot)
+        self._notify_terminal(request)
+
+    def _log(self, now: int, event_type: EventType, request_id: int) -> None:
+        # Records written together at one iteration end each take their own sequence
+        # number, so (timestamp, sequence) stays unique across the log.
+        self._event_log.append(now, next(self._env._eid), event_type, request_id)
+
+    def _leave(self, slot: _Slot) -> None:
+        self._slots.remove(slot)
+        del self._slot_of[slot.request.request_id]
+        self._free_blocks += slot.blocks
+        slot.blocks = 0
+
+    # ------------------------------------------------------------------ iteration start
+
+    def _admit(self) -> None:
+        """Start an iteration at the current time (steps 2 to 4 of the module docs)."""
+        now = self._env._now
+        self._reserve_decode_blocks(now)
+        admitted = self._admit_heads(now)
+        if self._slots:
+            self._launch(now, admitted)
+
+    def _reserve_decode_blocks(self, now: int) -> None:
+        cache = self._kv_cache
+        if cache is None:
+            return
+        for slot in list(self._slots):
+            if slot.left or slot.request.state is not _DECODING:
+                continue
+            need = cache.blocks_for(slot.target + slot.decoded + 1) - slot.blocks
+            rid = slot.request.request_id
+            while need > 0 and self._slot_of.get(rid) is slot:
+                if self._free_blocks > 0:
+                    self._free_blocks -= 1
+                    slot.blocks += 1
+                    need -= 1
+                else:
+                    self._preempt(self._slots[-1], now)
+
+    def _preempt(self, slot: _Slot, now: int) -> None:
+        request = slot.request
+        if len(self._slots) == 1:
+            raise InvalidTransitionError(
+                f"request {request.request_id} is alone in the batch and still does not fit "
+                "in the KV cache"
+            )
+        request.transition_to(_PREEMPTED, now)
+        self._leave(slot)
+        self._log(now, _PREEMPT, request.request_id)
+        self._scheduler.enqueue(_queued(request))
+
+    def _admit_heads(self, now: int) -> list[_Slot]:
+        scheduler = self._scheduler
+        cache = self._kv_cache
+        cap = self._max_batch_tokens if self._policy == "prefill_first" else None
+        admitted: list[_Slot] = []
+        new_tokens = 0
+        while len(self._slots) < self._max_active_requests:
+            decision = scheduler.decide(now)
+            if decision is None:
+                break
+            rid = decision.request_id
+            request = self._requests.get(rid)
+            if request is None:
+                raise UnknownRequestError(
+                    f"scheduler proposed request {rid}, unknown to this engine"
+                )
+            if request.state is not _WAITING and request.state is not _PREEMPTED:
+                raise InvalidTransitionError(
+                    f"scheduler proposed request {rid}, which is {request.state.name}"
+                )
+            target = request.prompt_token_count + request.generated_token_count
+            if cap is not None and admitted and new_tokens + target > cap:
+                break  # the head would pass the token cap: it waits, nobody overtakes it
+            blocks = 0
+            if cache is not None:
+                more = 1 if request.generated_token_count < request.max_output_tokens else 0
+                blocks = cache.blocks_for(target + more)
+                if blocks > self._free_blocks:
+                    break  # the head does not fit in memory: it waits
+            committed = scheduler.commit(decision)
+            if committed.request_id != rid:
+                raise InvalidTransitionError(
+                    f"scheduler committed request {committed.request_id} for a decision on {rid}"
+                )
+            request.transition_to(_PREFILLING, now)
+            self._free_blocks -= blocks
+            slot = _Slot(request, target, blocks)
+            self._slots.append(slot)
+            self._slot_of[rid] = slot
+            admitted.append(slot)
+            new_tokens += target
+            self._admission_log.append(now, rid, decision.epoch)
+        return admitted
+
+    def _launch(self, now: int, admitted: list[_Slot]) -> None:
+        participants: list[tuple[_Slot, int | None]] = []
+        prefill_tokens = prefilling = decoding = 0
+        if self._policy == "prefill_first":
+            if admitted:
+                new = set(map(id, admitted))
+                for slot in self._slots:
+                    if id(slot) in new:
+                        chunk = slot.target - slot.prefilled
+                        participants.append((slot, chunk))
+                        prefill_tokens += chunk
+                        prefilling += 1
+            else:
+                for slot in self._slots:
+                    if slot.request.state is _DECODING:
+                        participants.append((slot, None))
+                        decoding += 1
+        else:
+            assert self._max_batch_tokens is not None
+            budget = self._max_batch_tokens - sum(
+                1 for slot in self._slots if slot.request.state is _DECODING
+            )
+            for slot in self._slots:
+                if slot.request.state is _DECODING:
+                    participants.append((slot, None))
+                    decoding += 1
+                    continue
+                remaining = slot.target - slot.prefilled
+                chunk = min(remaining, budget)
+                if chunk > 0 or remaining == 0:
+                    participants.append((slot, chunk))
+                    prefill_tokens += chunk
+                    prefilling += 1
+                    budget -= chunk
+        if self._iteration_us is not None:
+            cost = self._iteration_us(prefill_tokens, prefilling, decoding)
+        else:
+            cost = iteration_cost_us(self._backend, prefill_tokens, prefilling, decoding)
+        first = participants[0][0].request.request_id if participants else -1
+        duration = check_duration_us(cost, "iteration_us", first)
+        end = now + duration
+        if end > MAX_TIME_US:
+            raise OverflowError(
+                f"an iteration from {now} us lasting {duration} us would end past the "
+                "64-bit limit 2**63 - 1"
+            )
+        record = IterationRecord(
+            start_us=now,
+            end_us=end,
+            prefill_tokens=prefill_tokens,
+            prefilling_count=prefilling,
+            decoding_count=decoding,
+            abandoned=False,
+            batch_size=len(self._slots),
+            kv_blocks_in_use=sum(slot.blocks for slot in self._slots),
+        )
+        event = _IterationEvent(self._env, self._on_iteration_end, end)
+        self._iteration = _Iteration(event, participants, record)
+
+    # ------------------------------------------------------------------ cancellation
+
+    def _cancel_active(self, request: Request, now: int) -> None:
+        slot = self._slot_of.get(request.request_id)
+        if slot is None:
+            raise InvalidTransitionError(
+                f"request {request.request_id} is {request.state.name} but holds no slot"
+            )
+        request.transition_to(_CANCELLED, now)
+        slot.left = True
+        self._leave(slot)
+        iteration = self._iteration
+        if self._slots or iteration is None:
+            return
+        # Nobody holds a slot any more: abandon the iteration; its end will be ignored.
+        self._iteration = None
+        self._abandoned.add(iteration.event)
+        record = iteration.record
+        self._iterations.append(
+            IterationRecord(
+                record.start_us,
+                record.end_us,
+                record.prefill_tokens,
+                record.prefilling_count,
+                record.decoding_count,
+                True,
+                record.batch_size,
+                record.kv_blocks_in_use,
+            )
+        )
+        if len(self._scheduler):
+            self._admit_now_or_at_boundary()
+
+
+def _queued(request: Request) -> QueuedRequest:
+    return QueuedRequest(
+        request.request_id,
+        request.arrival_time_us,
+        request.prompt_token_count,
+        request.max_output_tokens,
+    )
+
+
+def _positive(value: object, name: str) -> int:
+    try:
+        return check_count(value, name, minimum=1)
+    except TypeError as error:
+        raise _ArgumentTypeError(str(error)) from None
+
+
+class _ArgumentTypeError(TypeError, ValueError):
+    """A wrong type where a positive int is required: catchable as either."""
