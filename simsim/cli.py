@@ -20,6 +20,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
@@ -134,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         "events": engine.events_frame(),
         "admissions": engine.admissions_frame(),
     }
+    if isinstance(engine, BatchingEngine):
+        frames["iterations"] = engine.iterations_frame()
     summary = summarize(frames["requests"])
     frames["summary"] = summary.reset_index()
     out = Path(args.out)

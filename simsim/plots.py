@@ -329,6 +329,62 @@ def draw_timeline(requests: pd.DataFrame) -> Figure:
     return fig
 
 
+def draw_iterations(iterations: pd.DataFrame) -> Figure:
+    """The batching server's iterations: batch size, KV blocks in use, tokens per step.
+
+    One step per iteration, from its start to its (planned) end; abandoned iterations
+    are marked. Reads the ``iterations`` table that ``simsim run`` writes for
+    ``engine = "batching"``.
+    """
+    frame = iterations.sort_values("start_us", kind="stable")
+    starts = frame["start_us"].to_numpy(dtype=np.int64)
+    ends = frame["end_us"].to_numpy(dtype=np.int64)
+    end = int(ends.max()) if len(frame) else 0
+    scale, unit = _time_unit(end)
+    fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True, layout="constrained")
+    panels = (
+        ("batch_size", "requests in the batch", _DECODE_COLOR),
+        ("kv_blocks_in_use", "KV blocks in use", "#6a3d9a"),
+    )
+    for ax, (column, label, color) in zip(axes[:2], panels, strict=False):
+        values = frame[column].to_numpy(dtype=np.int64)
+        if len(frame):
+            ax.step(starts / scale, values, where="post", color=color, linewidth=1.0)
+            ax.fill_between(starts / scale, values, step="post", color=color, alpha=0.2)
+        ax.set_ylabel(label)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+    tokens = axes[2]
+    if len(frame):
+        prefill = frame["prefill_tokens"].to_numpy(dtype=np.int64)
+        total = prefill + frame["decoding_count"].to_numpy(dtype=np.int64)
+        x = starts / scale
+        # Stacked steps, not bars: thousands of iterations draw in a blink this way.
+        tokens.fill_between(
+            x, total, step="post", color=_DECODE_COLOR, alpha=0.6, label="decode tokens"
+        )
+        tokens.fill_between(
+            x, prefill, step="post", color=_PREFILL_COLOR, alpha=0.8, label="prefill tokens"
+        )
+        abandoned = frame["abandoned"].astype(bool).to_numpy()
+        if abandoned.any():
+            tokens.plot(
+                starts[abandoned] / scale,
+                np.zeros(abandoned.sum()),
+                "x",
+                color="red",
+                label="abandoned iteration",
+            )
+        tokens.legend(loc="upper right", fontsize="small")
+    else:
+        _no_data(tokens, "no iterations")
+    tokens.set_ylabel("tokens per iteration")
+    tokens.set_xlabel(f"simulated time ({unit})")
+    tokens.grid(True, alpha=0.3)
+    fig.suptitle(f"Batching iterations, {len(frame)} launched ({SIMULATED_NOTE})")
+    return fig
+
+
 def _windowed_mean(
     times: npt.NDArray[np.int64], values: npt.NDArray[np.int64], end: int, windows: int
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -427,6 +483,12 @@ FIGURES: Final[Sequence[FigureSpec]] = (
     FigureSpec("latency_cdf.png", lambda results: draw_latency_cdf(results.requests())),
     FigureSpec("timeline.png", lambda results: draw_timeline(results.requests())),
     FigureSpec("gantt.png", _gantt_if_small),
+    FigureSpec(
+        "iterations.png",
+        lambda results: (
+            draw_iterations(results.table("iterations")) if results.has("iterations") else None
+        ),
+    ),
 )
 """The figures of :func:`plot_results`, in the order they are written and listed."""
 

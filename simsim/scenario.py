@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 
 from simsim.backend import SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import MAX_TIME_US, Environment
-from simsim.engines import FastSimulationEngine, SimulationEngine
+from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
+from simsim.engines.base import EngineBase
+from simsim.engines.batching import POLICIES
 from simsim.request import Request
 from simsim.scheduler import FcfsScheduler
 from simsim.traces import TraceError, read_azure_trace, read_plain_trace
@@ -40,6 +42,7 @@ from simsim.workloads import (
 )
 
 __all__ = [
+    "BatchingSpec",
     "Cancellation",
     "RequestSpec",
     "Scenario",
@@ -52,7 +55,7 @@ __all__ = [
     "run_scenario",
 ]
 
-ENGINES = ("single_slot", "single_slot_fast")
+ENGINES = ("single_slot", "single_slot_fast", "batching")
 SCHEDULERS = ("fcfs",)
 
 
@@ -104,12 +107,37 @@ class Cancellation:
 Workload = OpenLoopWorkload | ClosedLoopWorkload
 
 
+@dataclass(frozen=True, slots=True)
+class BatchingSpec:
+    """The ``[batching]`` and ``[kv_cache]`` tables: how the batching server is set up."""
+
+    max_active_requests: int
+    max_batch_tokens: int | None = None
+    policy: str = "prefill_first"
+    kv_cache: KvCacheConfig | None = None
+
+    def build(
+        self, backend: SimulatedBackend, scheduler: FcfsScheduler, env: Environment
+    ) -> BatchingEngine:
+        """A :class:`BatchingEngine` with these settings."""
+        return BatchingEngine(
+            backend,
+            scheduler,
+            max_active_requests=self.max_active_requests,
+            max_batch_tokens=self.max_batch_tokens,
+            policy=self.policy,
+            kv_cache=self.kv_cache,
+            env=env,
+        )
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A complete, validated simulation: what to build and what to feed it."""
 
     name: str = "scenario"
     engine: str = "single_slot"
+    batching: BatchingSpec | None = None
     scheduler: str = "fcfs"
     backend: SimulatedBackendConfig = field(default_factory=SimulatedBackendConfig)
     requests: tuple[RequestSpec, ...] = ()
@@ -157,7 +185,19 @@ class Scenario:
 
 # ---------------------------------------------------------------------- loading
 
-_TOP_KEYS = ("scenario", "backend", "scheduler", "requests", "trace", "workload", "cancellations")
+_TOP_KEYS = (
+    "scenario",
+    "backend",
+    "scheduler",
+    "batching",
+    "kv_cache",
+    "requests",
+    "trace",
+    "workload",
+    "cancellations",
+)
+_BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
+_KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
 _SCENARIO_KEYS = ("name", "engine", "seed")
 _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
 _SCHEDULER_KEYS = ("policy",)
@@ -272,6 +312,8 @@ def parse_scenario(
             source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
         )
 
+    batching = _parse_batching(check, data, engine)
+
     cancellations: list[Cancellation] = []
     for index, row in enumerate(check.array_of_tables(data, "cancellations")):
         where = f"cancellations[{index}]"
@@ -283,6 +325,7 @@ def parse_scenario(
     scenario = Scenario(
         name=name,
         engine=engine,
+        batching=batching,
         scheduler=scheduler,
         backend=backend,
         requests=tuple(specs),
@@ -301,6 +344,43 @@ def parse_scenario(
                 f"request {cancellation.request_id} is not in the scenario's requests",
             )
     return scenario
+
+
+def _parse_batching(check: _Checker, data: Mapping[str, Any], engine: str) -> BatchingSpec | None:
+    if engine != "batching":
+        for name in ("batching", "kv_cache"):
+            if name in data:
+                raise check.fail(name, 'only for engine = "batching" (see [scenario] engine)')
+        return None
+    table = check.table(data, "batching", "batching")
+    check.keys(table, _BATCHING_KEYS, "batching")
+    kv_cache = None
+    if "kv_cache" in data:
+        kv_table = check.table(data, "kv_cache", "kv_cache")
+        check.keys(kv_table, _KV_CACHE_KEYS, "kv_cache")
+        kv_cache = _make(
+            check,
+            "kv_cache",
+            KvCacheConfig,
+            check.integer(kv_table, "block_size_tokens", "kv_cache"),
+            check.integer(kv_table, "total_blocks", "kv_cache"),
+        )
+    spec = BatchingSpec(
+        max_active_requests=check.integer(table, "max_active_requests", "batching"),
+        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching"),
+        policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
+        kv_cache=kv_cache,
+    )
+    # Let the engine's own checks speak (token cap vs slots, mixed needs a budget...).
+    _make(
+        check,
+        "batching",
+        spec.build,
+        SimulatedBackend(SimulatedBackendConfig()),
+        FcfsScheduler(),
+        Environment(),
+    )
+    return spec
 
 
 def _parse_trace(
@@ -669,7 +749,7 @@ def run_scenario(
     scenario: Scenario,
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> SimulationEngine:
+) -> EngineBase:
     """Build the scenario's engine, feed it, run it to the end and return it.
 
     Every listed, traced and generated request is submitted first, in id order; then
@@ -681,10 +761,15 @@ def run_scenario(
     """
     specs = scenario.all_requests()
     env = Environment()
-    engine_class = (
-        FastSimulationEngine if scenario.engine == "single_slot_fast" else SimulationEngine
-    )
-    engine = engine_class(SimulatedBackend(scenario.backend), FcfsScheduler(), env=env)
+    backend = SimulatedBackend(scenario.backend)
+    engine: EngineBase
+    if scenario.engine == "batching":
+        assert scenario.batching is not None
+        engine = scenario.batching.build(backend, FcfsScheduler(), env)
+    elif scenario.engine == "single_slot_fast":
+        engine = FastSimulationEngine(backend, FcfsScheduler(), env=env)
+    else:
+        engine = SimulationEngine(backend, FcfsScheduler(), env=env)
     for spec in specs:
         engine.submit(spec.to_request())
     deadlines = [(c.time_us, c.request_id) for c in scenario.cancellations]
@@ -710,7 +795,7 @@ def run_scenario(
     return engine
 
 
-def _canceller(engine: SimulationEngine, request_id: int) -> Callable[[Any], None]:
+def _canceller(engine: EngineBase, request_id: int) -> Callable[[Any], None]:
     def cancel(_event: Any) -> None:
         if not engine.requests[request_id].is_terminal:
             engine.cancel_request(request_id)

@@ -1,0 +1,102 @@
+"""Scenario files that choose the batching server, and what the command line writes for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simsim.cli import main
+from simsim.results import iterations_frame
+from simsim.scenario import ScenarioError, load_scenario, run_scenario
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "scenarios" / "batching.toml"
+
+BATCHING = '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
+ONE_REQUEST = (
+    "[[requests]]\nrequest_id = 0\narrival_time_us = 0\n"
+    "prompt_token_count = 4\nmax_output_tokens = 2\n"
+)
+
+
+def test_batching_scenario_writes_iterations_and_plots_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(EXAMPLE), "--out", str(tmp_path)]) == 0
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    iterations = pd.read_csv(tmp_path / "iterations.csv")
+    assert len(requests) == 500 and (requests["state"] == "FINISHED").all()
+    assert list(iterations.columns) == list(iterations_frame([]).columns)
+    # mixed policy: decode tokens plus prefill chunk never exceed the 512-token budget
+    assert (iterations["prefill_tokens"] + iterations["decoding_count"] <= 512).all()
+    assert (iterations["batch_size"] <= 16).all()
+    assert (iterations["kv_blocks_in_use"] <= 400).all()
+    generated = requests["generated_token_count"].sum()
+    assert iterations["decoding_count"].sum() == generated
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.split()
+    assert written[-1] == str(tmp_path / "iterations.png")
+    assert (tmp_path / "iterations.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batching_scenario_runs_the_batching_engine() -> None:
+    scenario = load_scenario(EXAMPLE)
+    assert scenario.engine == "batching" and scenario.batching is not None
+    assert scenario.batching.policy == "mixed"
+    engine = run_scenario(scenario)
+    assert type(engine).__name__ == "BatchingEngine"
+    assert len(engine.iterations_frame()) == len(engine.iteration_log) > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "rule"),
+    [
+        (
+            '[scenario]\nengine = "single_slot"\n[batching]\nmax_active_requests = 2\n',
+            "batching",
+            'only for engine = "batching"',
+        ),
+        (
+            '[scenario]\nengine = "batching"\n',
+            "batching.max_active_requests",
+            "missing required key",
+        ),
+        (
+            BATCHING + 'policy = "mixed"\n',
+            "batching",
+            "needs max_batch_tokens",
+        ),
+        (
+            '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
+            "max_batch_tokens = 2\n",
+            "batching",
+            "must be >= max_active_requests",
+        ),
+        (
+            BATCHING + 'policy = "mix"\n',
+            "batching.policy",
+            "did you mean 'mixed'",
+        ),
+        (
+            '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
+            "[kv_cache]\nblock_size_tokens = 0\ntotal_blocks = 4\n",
+            "kv_cache",
+            "must be >= 1",
+        ),
+        (
+            '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
+            "[kv_cache]\nblock_size = 16\ntotal_blocks = 4\n",
+            "kv_cache.block_size",
+            "did you mean 'block_size_tokens'",
+        ),
+    ],
+)
+def test_bad_batching_settings_name_the_key(tmp_path: Path, text: str, key: str, rule: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text + ONE_REQUEST)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert f"{path}: {key}: " in str(info.value)
+    assert rule in str(info.value)
