@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -144,9 +145,9 @@ def make_workload(n: int, seed: int = SEED) -> Workload:
 class Timeline:
     """Per-request results in id order; ``None`` for the first token of an empty output."""
 
-    admit_us: list[int]
+    admit_us: list[int | None]
     first_token_us: list[int | None]
-    finish_us: list[int]
+    finish_us: list[int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +195,9 @@ def solve_closed_form(workload: Workload) -> Solved:
     """Lindley's recursion for one FCFS server: ``start = max(arrival, previous finish)``."""
     with _Region() as region:
         fixed, per_token, step = PREFILL_FIXED_US, PREFILL_PER_TOKEN_US, DECODE_STEP_US
-        admit: list[int] = []
+        admit: list[int | None] = []
         first_token: list[int | None] = []
-        finish: list[int] = []
+        finish: list[int | None] = []
         free_at = 0
         for arrival, prompt, output in zip(
             workload.arrival_us, workload.prompt_tokens, workload.output_tokens, strict=True
@@ -207,7 +208,9 @@ def solve_closed_form(workload: Workload) -> Solved:
             admit.append(start)
             first_token.append(prefill_end + step if output else None)
             finish.append(free_at)
-    return Solved(Timeline(admit, first_token, finish), region.wall_s, region.peak_bytes, None, None)
+    return Solved(
+        Timeline(admit, first_token, finish), region.wall_s, region.peak_bytes, None, None
+    )
 
 
 def solve_raw_simpy(workload: Workload) -> Solved:
@@ -215,14 +218,17 @@ def solve_raw_simpy(workload: Workload) -> Solved:
     with _Region() as region:
         n = len(workload)
         fixed, per_token, step = PREFILL_FIXED_US, PREFILL_PER_TOKEN_US, DECODE_STEP_US
-        admit = [0] * n
-        first_token: list[int | None] = [None] * n
-        finish = [0] * n
+        # SimPy types env.now as int | float; check_agreement insists on int.
+        admit: list[Any] = [None] * n
+        first_token: list[Any] = [None] * n
+        finish: list[Any] = [None] * n
         env = simpy.Environment()
         server = simpy.Resource(env, capacity=1)
         timeout = env.timeout
 
-        def request(index: int, arrival: int, prompt: int, output: int) -> simpy.events.ProcessGenerator:
+        def request(
+            index: int, arrival: int, prompt: int, output: int
+        ) -> simpy.events.ProcessGenerator:
             yield timeout(arrival)
             with server.request() as slot:
                 yield slot
@@ -260,9 +266,9 @@ def _solve_engine(engine_class: type[simsim.SimulationEngine], workload: Workloa
         raise RuntimeError(f"{engine_class.__name__}.run() left events in the heap")
     requests = [engine.requests[i] for i in range(len(workload))]
     timeline = Timeline(
-        [r.admit_time_us for r in requests],  # type: ignore[misc]
+        [r.admit_time_us for r in requests],
         [r.first_token_time_us for r in requests],
-        [r.finish_time_us for r in requests],  # type: ignore[misc]
+        [r.finish_time_us for r in requests],
     )
     heap_pops = next(engine.env._eid)
     return Solved(
@@ -325,8 +331,7 @@ def check_agreement(name: str, timeline: Timeline, reference: Timeline) -> None:
         for index, (mine, theirs) in enumerate(zip(got, want, strict=True)):
             if mine != theirs or (mine is not None and type(mine) is not int):
                 raise DisagreementError(
-                    f"{name}: request {index} has {column} = {mine!r}, "
-                    f"closed_form says {theirs!r}"
+                    f"{name}: request {index} has {column} = {mine!r}, closed_form says {theirs!r}"
                 )
 
 
@@ -631,7 +636,9 @@ def target_rows(report: Report) -> list[list[str]]:
         ratio = report.ratio("simsim", n)
         assert ratio is not None
         met = "met" if ratio <= 1.5 else f"missed by {ratio / 1.5:.2f}x"
-        rows.append([f"1. simsim wall time <= 1.5x {ANCHOR} ({n:,} requests)", f"{ratio:.3f}x", met])
+        rows.append(
+            [f"1. simsim wall time <= 1.5x {ANCHOR} ({n:,} requests)", f"{ratio:.3f}x", met]
+        )
     logs = [
         (name, size, m.log)
         for size in report.sizes
@@ -789,7 +796,7 @@ def plot_scaling(report: Report, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("requests in the run")
-    ax.set_ylabel("wall time per request (us, best of %d)" % report.repeat)
+    ax.set_ylabel(f"wall time per request (us, best of {report.repeat})")
     ax.set_title(
         "Wall time per request on this machine\n"
         f"(simulated M/G/1 workload, utilization {UTILIZATION}; "
