@@ -1,0 +1,107 @@
+"""The batching server's cost per generated token at batch sizes 1, 8 and 64.
+
+One iteration is one SimPy event whatever the batch size, so the events (and the wall
+time) per generated token should fall roughly as 1 / batch size. The workload keeps
+the batch full: every request arrives at time 0, with outputs of 64 to 192 tokens.
+
+Run it:  python benchmarks/batching.py [--tokens N] [--quick]
+Wall times are measured on this machine in one process; the simulated times are from
+the cost model, never measured hardware performance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import simsim
+
+COSTS = simsim.SimulatedBackendConfig(
+    prefill_base_us=2_000,
+    prefill_per_token_us=50,
+    prefill_per_active_sequence_us=100,
+    decode_base_us=8_000,
+    decode_per_active_sequence_us=300,
+)
+BATCH_SIZES = (1, 8, 64)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One batch size's run."""
+
+    batch_size: int
+    requests: int
+    tokens: int
+    events: int
+    iterations: int
+    wall_s: float
+
+    @property
+    def events_per_token(self) -> float:
+        return self.events / self.tokens
+
+    @property
+    def wall_us_per_token(self) -> float:
+        return self.wall_s * 1e6 / self.tokens
+
+
+def run(batch_size: int, tokens_target: int, seed: int = 0) -> Result:
+    """Serve about *tokens_target* output tokens with *batch_size* slots."""
+    rng = np.random.default_rng(seed)
+    count = max(batch_size * 2, tokens_target // 128)
+    prompts = rng.integers(16, 513, count).tolist()
+    outputs = rng.integers(64, 193, count).tolist()
+    started = time.perf_counter()
+    engine = simsim.BatchingEngine(
+        simsim.SimulatedBackend(COSTS),
+        max_active_requests=batch_size,
+        max_batch_tokens=max(512, batch_size),
+        policy="mixed",
+    )
+    for request_id, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        engine.submit(simsim.Request(request_id, 0, prompt, output))
+    engine.run()
+    wall_s = time.perf_counter() - started
+    return Result(
+        batch_size=batch_size,
+        requests=count,
+        tokens=sum(outputs),
+        events=engine.processed_event_count,
+        iterations=len(engine.iteration_log),
+        wall_s=wall_s,
+    )
+
+
+def table(results: list[Result]) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        "| batch size | requests | tokens | events | iterations | events/token | wall us/token |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.batch_size} | {r.requests} | {r.tokens} | {r.events} | {r.iterations} "
+            f"| {r.events_per_token:.4f} | {r.wall_us_per_token:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    """Run every batch size and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=200_000, help="output tokens per run")
+    parser.add_argument("--quick", action="store_true", help="a small run for the smoke test")
+    args = parser.parse_args(argv)
+    tokens = 5_000 if args.quick else args.tokens
+    results = [run(size, tokens) for size in BATCH_SIZES]
+    print("BatchingEngine, mixed policy, all requests at t=0 (wall time on this machine)")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

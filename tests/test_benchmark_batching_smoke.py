@@ -1,0 +1,26 @@
+"""The batching benchmark runs (a quick version) and reports what it promises."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "batching.py"
+
+
+def test_batching_benchmark_quick_run(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("benchmark_batching", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--quick"])
+    assert [r.batch_size for r in results] == [1, 8, 64]
+    # One event per iteration: a fuller batch needs fewer events per token.
+    per_token = [r.events_per_token for r in results]
+    assert per_token[0] > per_token[1] > per_token[2]
+    for r in results:
+        assert r.events == r.requests + r.iterations  # arrivals + iteration ends
+    out = capsys.readouterr().out
+    assert "| batch size |" in out and "events/token" in out
