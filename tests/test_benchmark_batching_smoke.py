@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ def test_batching_benchmark_quick_run(capsys: pytest.CaptureFixture[str]) -> Non
     spec = importlib.util.spec_from_file_location("benchmark_batching", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     results = module.main(["--quick"])
     assert [r.batch_size for r in results] == [1, 8, 64]
