@@ -82,8 +82,10 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 #: Largest run for the solvers with one event per token (raw_simpy, simsim).
 DEFAULT_PER_TOKEN_MAX = 100_000
 DEFAULT_REPEAT = 3
-QUICK_SIZES = (200, 1_000, 2_000)
-QUICK_PER_TOKEN_MAX = 1_000
+QUICK_SIZES = (100, 500, 1_000)
+QUICK_PER_TOKEN_MAX = 500
+#: "requests_frame() on 1e6 requests builds in seconds", read as: in under ten.
+FRAME_LIMIT_S = 10.0
 #: The ratio every other solver is measured against.
 ANCHOR = "raw_simpy"
 
@@ -627,6 +629,12 @@ def log_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+def _status(measured: float, limit: float) -> str:
+    if measured <= limit:
+        return "met"
+    return f"missed by {100 * (measured / limit - 1):.1f}%"
+
+
 def target_rows(report: Report) -> list[list[str]]:
     """The issue's targets, as far as this run measured them."""
     rows = []
@@ -635,7 +643,7 @@ def target_rows(report: Report) -> list[list[str]]:
     if {"simsim", ANCHOR} <= names:
         ratio = report.ratio("simsim", n)
         assert ratio is not None
-        met = "met" if ratio <= 1.5 else f"missed by {ratio / 1.5:.2f}x"
+        met = _status(ratio, 1.5)
         rows.append(
             [f"1. simsim wall time <= 1.5x {ANCHOR} ({n:,} requests)", f"{ratio:.3f}x", met]
         )
@@ -647,7 +655,7 @@ def target_rows(report: Report) -> list[list[str]]:
     ]
     for name, size, log in logs:
         per_event = log.allocated_bytes_per_event
-        met = "met" if per_event <= 64 else f"missed by {per_event / 64:.2f}x"
+        met = _status(per_event, 64)
         rows.append(
             [
                 f"2. {name} event log <= 64 B/event ({size:,} requests)",
@@ -655,19 +663,20 @@ def target_rows(report: Report) -> list[list[str]]:
                 met,
             ]
         )
+        frame_met = _status(log.frame_s, FRAME_LIMIT_S) if size >= 1_000_000 else "-"
         rows.append(
-            [f"2. {name} requests_frame() ({size:,} requests)", f"{log.frame_s:.2f} s", "-"]
+            [f"2. {name} requests_frame() ({size:,} requests)", f"{log.frame_s:.2f} s", frame_met]
         )
     if {"simsim_fast", ANCHOR} <= names:
         ratio = report.ratio("simsim_fast", n)
         assert ratio is not None
-        met = "met" if ratio <= 0.1 else f"missed by {ratio / 0.1:.2f}x"
+        met = _status(ratio, 0.1)
         rows.append(
             [f"3. simsim_fast wall time <= 0.1x {ANCHOR} ({n:,} requests)", f"{ratio:.3f}x", met]
         )
     for m in report.at("simsim_fast"):
         if m.requests >= 1_000_000:
-            met = "met" if m.wall_s < 60 else f"missed by {m.wall_s / 60:.2f}x"
+            met = _status(m.wall_s, 60)
             rows.append(
                 [f"3. simsim_fast {m.requests:,} requests in < 60 s", f"{m.wall_s:.1f} s", met]
             )
@@ -822,6 +831,7 @@ def run(
 ) -> Report:
     """Measure every selected solver at every size it runs at."""
     solvers = [solver for solver in SOLVERS if solver.name in solver_names]
+    load_at_start = _load_average()
     ordered = tuple(sorted(set(sizes)))
     results: dict[int, dict[str, Measurement]] = {}
     for n in ordered:
@@ -834,7 +844,17 @@ def run(
         }
         _progress(f"{n:,} requests:")
         results[n] = measure_size(here, n, repeat, memory, inspect)
-    return Report(ordered, repeat, memory, tuple(s.name for s in solvers), results, machine())
+    described = machine()
+    # Other processes share the CPUs: say how busy the machine was.
+    described["load average (1 min) at start / end"] = f"{load_at_start} / {_load_average()}"
+    return Report(ordered, repeat, memory, tuple(s.name for s in solvers), results, described)
+
+
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

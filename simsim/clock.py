@@ -221,6 +221,17 @@ class Environment(simpy.Environment):
         heappush(self._queue, (at_us, priority, sequence, event))
         return sequence
 
+    def reserve_sequences(self, count_: int) -> int:
+        """Set aside *count_* consecutive sequence numbers and return the first.
+
+        For records written later but ordered as of now: every event scheduled after
+        this call gets a higher number than any of the reserved ones.
+        """
+        first = next(self._eid)
+        if count_ > 1:
+            self._eid = count(first + count_)
+        return first
+
     def step(self) -> None:
         """Process the next event (SimPy's ``step``, with :attr:`processing` kept)."""
         try:

@@ -601,7 +601,10 @@ def test_admissions_follow_fcfs_and_the_slot_never_idles(scenario: Scenario) -> 
             assert len(snap.active_ids) <= 1
             if not snap.active_ids and waiting:
                 assert snap.after == "cancel", (snap, sorted(waiting, key=key))
-                assert last_cancel is not None and last_cancel[4], ("slot idles", last_cancel)
+                if deferred_at != snap.now_us:
+                    # Not already deferred by an earlier cancellation at this same time
+                    # (a later one, of a queued request, then leaves the deferral as is).
+                    assert last_cancel is not None and last_cancel[4], ("slot idles", last_cancel)
                 assert snap.pending_at_now, (snap, sorted(waiting, key=key))
                 deferred_at = snap.now_us
         previous = entry

@@ -408,8 +408,8 @@ BAD_SCENARIOS = [
     pytest.param(
         "[plotting]\ndpi = 100\n" + ONE,
         "plotting",
-        "unknown key; allowed keys: scenario, backend, scheduler, requests, trace, workload, "
-        "cancellations",
+        "unknown key; allowed keys: scenario, backend, scheduler, batching, kv_cache, requests, "
+        "trace, workload, cancellations",
         id="unknown-top-level-table",
     ),
     # ---- unknown values
@@ -420,9 +420,9 @@ BAD_SCENARIOS = [
         id="typo-policy",
     ),
     pytest.param(
-        '[scenario]\nengine = "batching"\n' + ONE,
+        '[scenario]\nengine = "continuous"\n' + ONE,
         "scenario.engine",
-        "unknown value 'batching'",
+        "unknown value 'continuous'",
         id="unknown-engine",
     ),
     # ---- duplicate request ids

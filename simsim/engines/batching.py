@@ -103,17 +103,21 @@ class _IterationEvent(Event):
 
 
 class _Iteration:
-    __slots__ = ("event", "participants", "record")
+    __slots__ = ("event", "next_sequence", "participants", "record")
 
     def __init__(
         self,
         event: _IterationEvent,
         participants: list[tuple[_Slot, int | None]],
         record: IterationRecord,
+        first_sequence: int,
     ) -> None:
         self.event = event
         self.participants = participants  # (slot, prefill chunk) or (slot, None) to decode
         self.record = record
+        # Sequence numbers set aside at launch for the records written at the end, so
+        # that they sort before every event scheduled after the launch.
+        self.next_sequence = first_sequence
 
 
 class BatchingEngine(EngineBase):
@@ -161,6 +165,7 @@ class BatchingEngine(EngineBase):
         self._slots: list[_Slot] = []  # admission order, oldest first
         self._slot_of: dict[int, _Slot] = {}
         self._iteration: _Iteration | None = None
+        self._ending: _Iteration | None = None  # the iteration whose records are written
         self._abandoned: set[_IterationEvent] = set()
         self._iterations: list[IterationRecord] = []
         iteration_us = getattr(backend, "iteration_us", None)
@@ -270,6 +275,7 @@ class BatchingEngine(EngineBase):
                     f"{self._env._now} us that the engine was not waiting for"
                 )
             self._iteration = None
+            self._ending = iteration
             now = self._env._now
             for slot, chunk in iteration.participants:
                 if slot.left:
@@ -278,6 +284,7 @@ class BatchingEngine(EngineBase):
                     self._decoded(slot, now)
                 else:
                     self._prefilled(slot, chunk, now)
+            self._ending = None
             self._iterations.append(iteration.record)
             self._processed_event_count += 1
             if self._slots or len(self._scheduler):
@@ -322,9 +329,16 @@ class BatchingEngine(EngineBase):
         self._notify_terminal(request)
 
     def _log(self, now: int, event_type: EventType, request_id: int) -> None:
-        # Records written together at one iteration end each take their own sequence
-        # number, so (timestamp, sequence) stays unique across the log.
-        self._event_log.append(now, next(self._env._eid), event_type, request_id)
+        # Every record takes its own sequence number, so (timestamp, sequence) stays
+        # unique: at an iteration end one of those reserved at launch, at an iteration
+        # start (a preemption) a fresh one.
+        ending = self._ending
+        if ending is not None:
+            sequence = ending.next_sequence
+            ending.next_sequence += 1
+        else:
+            sequence = next(self._env._eid)
+        self._event_log.append(now, sequence, event_type, request_id)
 
     def _leave(self, slot: _Slot) -> None:
         self._slots.remove(slot)
@@ -472,7 +486,9 @@ class BatchingEngine(EngineBase):
             kv_blocks_in_use=sum(slot.blocks for slot in self._slots),
         )
         event = _IterationEvent(self._env, self._on_iteration_end, end)
-        self._iteration = _Iteration(event, participants, record)
+        # At most two records per participant: a prefill or a token, then a completion.
+        first = self._env.reserve_sequences(2 * len(participants))
+        self._iteration = _Iteration(event, participants, record, first)
 
     # ------------------------------------------------------------------ cancellation
 
