@@ -238,7 +238,29 @@ class Environment(simpy.Environment):
             self._now, _, _, event = heappop(self._queue)  # type: ignore[assignment]
         except IndexError:
             raise EmptySchedule from None
+        self._process(event)
 
+    def drain(self) -> None:
+        """Process events until the heap is empty: ``step()`` in a loop, without the
+        per-call overhead (this is where a long run spends its time)."""
+        queue = self._queue
+        process = self._process
+        while queue:
+            self._now, _, _, event = heappop(queue)  # type: ignore[assignment]
+            callbacks = event.callbacks
+            if len(callbacks) == 1 and event._ok:
+                # The common case, inlined: one callback on a successful event.
+                event.callbacks = None  # type: ignore[assignment]
+                self._stopped_at = -1
+                self._processing = True
+                try:
+                    callbacks[0](event)
+                finally:
+                    self._processing = False
+            else:
+                process(event)
+
+    def _process(self, event: Event) -> None:
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
         self._stopped_at = -1
         self._processing = True
@@ -286,8 +308,8 @@ class Environment(simpy.Environment):
                 return until.value
             until.callbacks.append(StopSimulation.callback)
         try:
-            while True:
-                self.step()
+            self.drain()
+            raise EmptySchedule
         except StopSimulation as stop:
             self._stopped_at = self._now
             return stop.args[0]

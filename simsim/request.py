@@ -181,7 +181,7 @@ class Request:
         Raises :class:`InvalidTransitionError` for a pair not in
         :data:`LEGAL_TRANSITIONS` (including any move out of a terminal state).
         """
-        if type(now_us) is not int or now_us < 0:
+        if type(now_us) is not int or not 0 <= now_us <= MAX_TIME_US:
             now_us = check_time_us(now_us, "now_us")
         old_state = self.state
         if (old_state, new_state) not in LEGAL_TRANSITIONS:

@@ -333,10 +333,7 @@ class EngineBase:
         per-timestamp bookkeeping.
         """
         self._check_alive()
-        queue = self._env._queue
-        step = self._env.step
-        while queue:
-            step()
+        self._env.drain()
 
     def cancel_request(self, request_id: int) -> None:
         """Cancel a request that has not finished; it becomes ``CANCELLED`` at ``now_us``.
