@@ -73,6 +73,11 @@ LEGAL_TRANSITIONS: Final = frozenset(
 )
 """Every ``(from, to)`` pair a request may take; any other pair is refused."""
 
+_NEXT_STATES: Final = {
+    state: frozenset(to for (from_, to) in LEGAL_TRANSITIONS if from_ is state)
+    for state in RequestState
+}
+
 
 @dataclass(slots=True, eq=True)
 class Request:
@@ -184,7 +189,7 @@ class Request:
         if type(now_us) is not int or not 0 <= now_us <= MAX_TIME_US:
             now_us = check_time_us(now_us, "now_us")
         old_state = self.state
-        if (old_state, new_state) not in LEGAL_TRANSITIONS:
+        if new_state not in _NEXT_STATES[old_state]:
             raise InvalidTransitionError(
                 f"request {self.request_id}: illegal transition "
                 f"{old_state.name} -> {getattr(new_state, 'name', new_state)}"

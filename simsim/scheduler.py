@@ -231,8 +231,10 @@ class FcfsScheduler:
                 f"request {decision.request_id} is not the head of the queue (head: {head})"
             )
         _, rid, _, item = heapq.heappop(heap)
-        del self._live[rid]
-        self._drop_dead_head()
+        live = self._live
+        del live[rid]
+        if heap and live.get(heap[0][1]) is not heap[0][3]:
+            self._drop_dead_head()
         self._epoch += 1
         self._admitted += 1
         return item

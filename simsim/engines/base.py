@@ -47,23 +47,29 @@ __all__ = ["EngineBase", "LifecycleEvent", "check_duration_us"]
 _SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
 
 
-class LifecycleEvent(Event):
+class LifecycleEvent:
     """An engine's own event in SimPy's heap, bound to one request and one event type.
 
     It is created already triggered; *sequence* is its heap sequence number, which
-    also becomes the sequence of its log record.
+    also becomes the sequence of its log record. It has just what SimPy's event loop
+    reads (``callbacks``, ``_ok``, ``_value``) and no ``__dict__``: with one such event
+    pending per submitted request, a lean object keeps Python's garbage collector
+    cheap. Its *callbacks* is a tuple the engine shares between all its events of a
+    kind. Only engines see these events; user code never yields them.
     """
+
+    __slots__ = ("_ok", "_value", "callbacks", "env", "event_type", "request", "sequence")
 
     def __init__(
         self,
         env: Environment,
-        callback: Any,
+        callbacks: tuple[Any, ...],
         request: Request,
         event_type: EventType,
         at_us: int,
     ) -> None:
         self.env = env
-        self.callbacks = [callback]
+        self.callbacks: tuple[Any, ...] | None = callbacks
         self._ok = True
         self._value = None
         self.request = request
@@ -75,9 +81,9 @@ class LifecycleEvent(Event):
             )
         # env.schedule_at, inlined: this runs once per submitted request.
         self.sequence = sequence = next(env._eid)
-        heappush(env._queue, (at_us, NORMAL, sequence, self))
+        heappush(env._queue, (at_us, NORMAL, sequence, self))  # type: ignore[misc]
 
-    def requeue(self, callback: Any, event_type: EventType, at_us: int) -> int:
+    def requeue(self, callbacks: tuple[Any, ...], event_type: EventType, at_us: int) -> int:
         """Schedule this processed event again as the request's next one.
 
         Reusing the object keeps a request's chain of steps to one allocation. Returns
@@ -91,13 +97,13 @@ class LifecycleEvent(Event):
         env = self.env
         processed = self.sequence
         self.sequence = sequence = next(env._eid)
-        heappush(env._queue, (at_us, NORMAL, sequence, self))
-        self.callbacks = [callback]
+        heappush(env._queue, (at_us, NORMAL, sequence, self))  # type: ignore[misc]
+        self.callbacks = callbacks
         self.event_type = event_type
         return processed
 
-    def _desc(self) -> str:
-        return f"{self.event_type.name}(request {self.request.request_id})"
+    def __repr__(self) -> str:
+        return f"<{self.event_type.name}(request {self.request.request_id}) #{self.sequence}>"
 
 
 def check_duration_us(value: object, what: str, request_id: int) -> int:
@@ -168,6 +174,8 @@ class EngineBase:
         self._completions: dict[int, Event] = {}
         self._boundary_pending = False
         self._boundary_fired = False
+        # Callback tuples shared by all of this engine's events of a kind.
+        self._arrival_callbacks = (self._on_arrival,)
 
     # ------------------------------------------------------------------ accessors
 
@@ -297,7 +305,7 @@ class EngineBase:
         self._check_admissible(request)
         request._pending = request._event = LifecycleEvent(
             self._env,
-            self._on_arrival,
+            self._arrival_callbacks,
             request,
             EventType.REQUEST_ARRIVAL,
             request.arrival_time_us,
@@ -420,7 +428,7 @@ class EngineBase:
     def _authorize(self, request: Request, pending: LifecycleEvent) -> None:
         # Exactly this one event may later be consumed without effect.
         self._authorized[request.request_id] = pending
-        request._pending = None
+        request._pending = request._event = None
 
     def _ignore_or_fail(self, event: LifecycleEvent) -> None:
         """Consume an event its request no longer waits for, if (and only if) authorized."""

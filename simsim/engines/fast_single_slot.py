@@ -71,6 +71,7 @@ class FastSimulationEngine(SimulationEngine):
         # Of the active request: when its prefill ends and what one decode step costs.
         self._prefill_end_us = 0
         self._step_us = 0
+        self._done_callbacks = (self._on_work_done,)
 
     # ------------------------------------------------------------------ observation
 
@@ -127,21 +128,21 @@ class FastSimulationEngine(SimulationEngine):
 
     def _plan_work(
         self, request: Request, now: int, prefill_us: int
-    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+    ) -> tuple[tuple[Callable[[LifecycleEvent], None]], EventType, int]:
         if prefill_us == 0:
             # A zero-cost prefill at the admission's own time is work the full engine
             # leaves for the next step; a real event keeps that visible here too.
-            return self._on_prefill_complete, _PREFILL, now
+            return self._prefill_callbacks, _PREFILL, now
         return self._plan_decode(request, now + prefill_us)
 
     def _plan_decode(
         self, request: Request, prefill_end: int
-    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+    ) -> tuple[tuple[Callable[[LifecycleEvent], None]], EventType, int]:
         tokens = request.max_output_tokens
         step = self._decode_step_us(request) if tokens > 0 else 0
         self._prefill_end_us = prefill_end
         self._step_us = step
-        return self._on_work_done, _COMPLETE, prefill_end + step * tokens
+        return self._done_callbacks, _COMPLETE, prefill_end + step * tokens
 
     def _on_prefill_complete(self, event: LifecycleEvent) -> None:
         # Only zero-cost prefills have an event of their own (see _plan_work).
@@ -181,7 +182,8 @@ class FastSimulationEngine(SimulationEngine):
                 if request.first_token_time_us is None:
                     request.first_token_time_us = self._prefill_end_us + self._step_us
             request.transition_to(_FINISHED, now)
-            request._pending = None
+            # Drop the request <-> event cycle: finished requests stay light for the GC.
+            request._pending = request._event = None
             self._active = None
             self._processed_event_count += 1
             log = self._event_log

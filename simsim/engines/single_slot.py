@@ -71,6 +71,9 @@ class SimulationEngine(EngineBase):
             )
         super().__init__(backend, scheduler, env)
         self._active: Request | None = None
+        self._prefill_callbacks = (self._on_prefill_complete,)
+        self._decode_callbacks = (self._on_decode_step,)
+        self._complete_callbacks = (self._on_request_complete,)
 
     @property
     def max_active_requests(self) -> int:
@@ -119,10 +122,10 @@ class SimulationEngine(EngineBase):
                 self._raise_stale(event)
             if request.max_output_tokens > 0:
                 cost = self._decode_step_us(request)
-                processed = event.requeue(self._on_decode_step, _DECODE, now + cost)
+                processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
                 request.transition_to(_DECODING, now)
             else:
-                processed = event.requeue(self._on_request_complete, _COMPLETE, now)
+                processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
             request.prefill_end_time_us = now
             self._processed_event_count += 1
             self._event_log.append(now, processed, _PREFILL, request.request_id)
@@ -144,10 +147,10 @@ class SimulationEngine(EngineBase):
             limit = request.max_output_tokens
             if tokens < limit:
                 processed = event.requeue(
-                    self._on_decode_step, _DECODE, now + self._decode_step_us(request)
+                    self._decode_callbacks, _DECODE, now + self._decode_step_us(request)
                 )
             elif tokens == limit:
-                processed = event.requeue(self._on_request_complete, _COMPLETE, now)
+                processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
             else:
                 raise InvalidTransitionError(
                     f"request {request.request_id}: token {tokens} is past "
@@ -180,7 +183,8 @@ class SimulationEngine(EngineBase):
                 return
             now = self._env._now
             request.transition_to(_FINISHED, now)
-            request._pending = None
+            # Drop the request <-> event cycle: finished requests stay light for the GC.
+            request._pending = request._event = None
             self._active = None
             self._processed_event_count += 1
             self._event_log.append(now, event.sequence, _COMPLETE, request.request_id)
@@ -242,9 +246,9 @@ class SimulationEngine(EngineBase):
 
     def _plan_work(
         self, request: Request, now: int, prefill_us: int
-    ) -> tuple[Callable[[LifecycleEvent], None], EventType, int]:
+    ) -> tuple[tuple[Callable[[LifecycleEvent], None]], EventType, int]:
         """The first event of an admitted request's work: its prefill completion."""
-        return self._on_prefill_complete, _PREFILL, now + prefill_us
+        return self._prefill_callbacks, _PREFILL, now + prefill_us
 
     def _fill_free_slot(self) -> None:
         """The slot is free and someone may be queued: admit at the end of this timestamp."""
