@@ -16,8 +16,13 @@ The solvers, each timed from building its model to the end of its run:
 - ``simsim``: :class:`simsim.SimulationEngine`, with its full per-token event log.
 - ``simsim_fast``: :class:`simsim.FastSimulationEngine`, one event per request's work.
 
+Not run by default (``--solvers``): ``raw_simpy_fed``, ``simsim_fed`` and
+``simsim_fast_fed`` feed the arrivals from one source process instead of putting them
+all into the heap up front, and are compared with ``raw_simpy_fed``.
+
 Every solver's admit, first-token and finish times must equal ``closed_form``'s exactly;
-the script exits with status 1 otherwise. Wall time is the best of ``--repeat`` runs;
+the script exits with status 1 otherwise. Each solver first runs ``--warmup`` times on a
+tiny workload, untimed (see :func:`warm_up`). Wall time is the best of ``--repeat`` runs;
 peak memory comes from one more run under ``tracemalloc``, which is not timed because
 tracing slows the code down. Ratios are taken against ``raw_simpy`` at the same size, in
 the same process, on the same machine: they say nothing about another machine.
@@ -82,12 +87,18 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 #: Largest run for the solvers with one event per token (raw_simpy, simsim).
 DEFAULT_PER_TOKEN_MAX = 100_000
 DEFAULT_REPEAT = 3
+#: Untimed runs of each solver before measuring (see warm_up), on this many requests.
+DEFAULT_WARMUP = 10
+WARMUP_REQUESTS = 20
 QUICK_SIZES = (100, 500, 1_000)
 QUICK_PER_TOKEN_MAX = 500
+QUICK_WARMUP = 2
 #: "requests_frame() on 1e6 requests builds in seconds", read as: in under ten.
 FRAME_LIMIT_S = 10.0
-#: The ratio every other solver is measured against.
+#: The solver every default solver's wall time is divided by, at the same size.
 ANCHOR = "raw_simpy"
+#: The anchor of the optional *_fed solvers, whose arrivals come from a source process.
+FED_ANCHOR = "raw_simpy_fed"
 
 #: What "events" means for each solver, printed with the tables.
 EVENT_NOTES = {
@@ -105,6 +116,9 @@ EVENT_NOTES = {
         "engine.processed_event_count: arrival and one event per request's work "
         "(admission boundaries not counted)"
     ),
+    "raw_simpy_fed": "heap pops, as raw_simpy (the source's timeouts included)",
+    "simsim_fed": "engine.processed_event_count, as simsim",
+    "simsim_fast_fed": "engine.processed_event_count, as simsim_fast",
 }
 
 
@@ -254,23 +268,88 @@ def solve_raw_simpy(workload: Workload) -> Solved:
     return Solved(timeline, region.wall_s, region.peak_bytes, heap_pops, heap_pops)
 
 
-def _solve_engine(engine_class: type[simsim.SimulationEngine], workload: Workload) -> Solved:
+def solve_raw_simpy_fed(workload: Workload) -> Solved:
+    """``raw_simpy`` with its arrivals fed by one source process, so the heap stays small.
+
+    The textbook SimPy shape: the source sleeps until the next arrival and starts that
+    request's process then. Same events per request, but the heap holds a handful of
+    entries instead of every pending arrival.
+    """
+    with _Region() as region:
+        n = len(workload)
+        fixed, per_token, step = PREFILL_FIXED_US, PREFILL_PER_TOKEN_US, DECODE_STEP_US
+        admit: list[Any] = [None] * n
+        first_token: list[Any] = [None] * n
+        finish: list[Any] = [None] * n
+        env = simpy.Environment()
+        server = simpy.Resource(env, capacity=1)
+        timeout = env.timeout
+        process = env.process
+
+        def request(index: int, prompt: int, output: int) -> simpy.events.ProcessGenerator:
+            with server.request() as slot:
+                yield slot
+                admit[index] = env.now
+                yield timeout(fixed + per_token * prompt)
+                if output:
+                    yield timeout(step)
+                    first_token[index] = env.now
+                    for _ in range(output - 1):
+                        yield timeout(step)
+                finish[index] = env.now
+
+        def source() -> simpy.events.ProcessGenerator:
+            for index, (arrival, prompt, output) in enumerate(
+                zip(
+                    workload.arrival_us,
+                    workload.prompt_tokens,
+                    workload.output_tokens,
+                    strict=True,
+                )
+            ):
+                if arrival > env.now:
+                    yield timeout(arrival - env.now)
+                process(request(index, prompt, output))
+
+        process(source())
+        env.run()
+    heap_pops = next(env._eid)
+    timeline = Timeline(admit, first_token, finish)
+    return Solved(timeline, region.wall_s, region.peak_bytes, heap_pops, heap_pops)
+
+
+def _solve_engine(
+    engine_class: type[simsim.SimulationEngine], workload: Workload, *, fed: bool = False
+) -> Solved:
     with _Region() as region:
         engine = engine_class(simsim.SimulatedBackend(BACKEND_CONFIG))
         submit = engine.submit
         make = simsim.Request
-        for request_id, (arrival, prompt, output) in enumerate(
+        requests = enumerate(
             zip(workload.arrival_us, workload.prompt_tokens, workload.output_tokens, strict=True)
-        ):
-            submit(make(request_id, arrival, prompt, output))
+        )
+        if fed:
+            env = engine.env
+
+            def source() -> simpy.events.ProcessGenerator:
+                for request_id, (arrival, prompt, output) in requests:
+                    if arrival > env.now:
+                        yield env.timeout(arrival - env.now)
+                    submit(make(request_id, arrival, prompt, output))
+
+            env.process(source())
+        else:
+            for request_id, (arrival, prompt, output) in requests:
+                submit(make(request_id, arrival, prompt, output))
         engine.run()
     if engine.has_pending_events:
         raise RuntimeError(f"{engine_class.__name__}.run() left events in the heap")
-    requests = [engine.requests[i] for i in range(len(workload))]
+    by_id = engine.requests
+    done = [by_id[i] for i in range(len(workload))]
     timeline = Timeline(
-        [r.admit_time_us for r in requests],
-        [r.first_token_time_us for r in requests],
-        [r.finish_time_us for r in requests],
+        [r.admit_time_us for r in done],
+        [r.first_token_time_us for r in done],
+        [r.finish_time_us for r in done],
     )
     heap_pops = next(engine.env._eid)
     return Solved(
@@ -293,13 +372,27 @@ def solve_simsim_fast(workload: Workload) -> Solved:
     return _solve_engine(simsim.FastSimulationEngine, workload)
 
 
+def solve_simsim_fed(workload: Workload) -> Solved:
+    """``simsim`` with each request submitted at its arrival by a source process."""
+    return _solve_engine(simsim.SimulationEngine, workload, fed=True)
+
+
+def solve_simsim_fast_fed(workload: Workload) -> Solved:
+    """``simsim_fast`` with each request submitted at its arrival by a source process."""
+    return _solve_engine(simsim.FastSimulationEngine, workload, fed=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Solver:
-    """A named solver; *per_token* ones get one event per token and stop at a smaller size."""
+    """A named solver, timed against its *anchor* at the same size.
+
+    *per_token* solvers get one event per token and stop at ``--per-token-max``.
+    """
 
     name: str
     solve: Callable[[Workload], Solved]
     per_token: bool
+    anchor: str = ANCHOR
 
 
 SOLVERS = (
@@ -307,8 +400,14 @@ SOLVERS = (
     Solver("raw_simpy", solve_raw_simpy, per_token=True),
     Solver("simsim", solve_simsim, per_token=True),
     Solver("simsim_fast", solve_simsim_fast, per_token=False),
+    # Optional: every arrival fed by a source process instead of submitted up front.
+    Solver("raw_simpy_fed", solve_raw_simpy_fed, per_token=True, anchor=FED_ANCHOR),
+    Solver("simsim_fed", solve_simsim_fed, per_token=True, anchor=FED_ANCHOR),
+    Solver("simsim_fast_fed", solve_simsim_fast_fed, per_token=False, anchor=FED_ANCHOR),
 )
-SOLVER_NAMES = tuple(solver.name for solver in SOLVERS)
+SOLVERS_BY_NAME = {solver.name: solver for solver in SOLVERS}
+#: The solvers run by default: the four the issue asks for.
+DEFAULT_SOLVERS = ("closed_form", "raw_simpy", "simsim", "simsim_fast")
 
 
 # ---------------------------------------------------------------------- agreement
@@ -414,7 +513,7 @@ def measure_size(
     results = {solver.name: Measurement(solver.name, n) for solver in solvers}
     for repetition in range(repeat):
         for solver in solvers:
-            _progress(f"  {solver.name:<12} {n:>9,} requests, run {repetition + 1}/{repeat}")
+            _progress(f"  {solver.name:<15} {n:>9,} requests, run {repetition + 1}/{repeat}")
             gc.collect()
             solved = solver.solve(workload)
             result = results[solver.name]
@@ -428,7 +527,7 @@ def measure_size(
             del solved
     if memory:
         for solver in solvers:
-            _progress(f"  {solver.name:<12} {n:>9,} requests, under tracemalloc")
+            _progress(f"  {solver.name:<15} {n:>9,} requests, under tracemalloc")
             gc.collect()
             tracemalloc.start()
             try:
@@ -491,6 +590,7 @@ class Report:
 
     sizes: tuple[int, ...]
     repeat: int
+    warmup: int
     memory: bool
     solvers: tuple[str, ...]
     results: dict[int, dict[str, Measurement]]
@@ -506,17 +606,18 @@ class Report:
         return [self.results[n][name] for n in self.sizes if name in self.results[n]]
 
     def ratio(self, name: str, n: int) -> float | None:
-        """*name*'s wall time over the anchor's at size *n*."""
+        """*name*'s wall time over its anchor's at size *n*."""
         row = self.results[n]
-        if name not in row or ANCHOR not in row:
+        anchor = SOLVERS_BY_NAME[name].anchor
+        if name not in row or anchor not in row:
             return None
-        return row[name].wall_s / row[ANCHOR].wall_s
+        return row[name].wall_s / row[anchor].wall_s
 
 
-def _number(value: float | None, digits: int = 0, suffix: str = "") -> str:
+def _number(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "-"
-    return f"{value:,.{digits}f}{suffix}"
+    return f"{value:,.{digits}f}"
 
 
 def _scaled(value: float | None) -> str:
@@ -561,7 +662,7 @@ COMPARISON_HEADER = [
     "heap pops",
     "peak MiB",
     "peak B/request",
-    f"x {ANCHOR}",
+    "x anchor",
 ]
 
 
@@ -576,7 +677,7 @@ def scaling_rows(report: Report) -> tuple[list[str], list[list[str]]]:
             ratio = report.ratio(name, n)
             if m is None:
                 cells.append("-")
-            elif ratio is None or name == ANCHOR:
+            elif ratio is None or name == SOLVERS_BY_NAME[name].anchor:
                 cells.append(_scaled(m.us_per_request))
             else:
                 cells.append(f"{_scaled(m.us_per_request)} ({ratio:.3f}x)")
@@ -707,9 +808,11 @@ def _preamble(report: Report) -> list[str]:
         f"{PROMPT_TOKENS[0]}..{PROMPT_TOKENS[1]} tokens, outputs {OUTPUT_TOKENS[0]}.."
         f"{OUTPUT_TOKENS[1]} tokens; prefill {PREFILL_FIXED_US} + {PREFILL_PER_TOKEN_US} "
         f"x prompt us, decode step {DECODE_STEP_US} us (simulated time).",
-        f"Wall time: best of {report.repeat}, time.perf_counter. Peak memory: {memory}.",
-        f"Ratios are measured in one process on this machine, against {ANCHOR} at the "
-        "same size; they do not transfer to another machine.",
+        f"Wall time: best of {report.repeat}, time.perf_counter, after {report.warmup} "
+        f"untimed warm-up runs per solver. Peak memory: {memory}.",
+        f"Ratios are measured in one process on this machine, against the anchor ({ANCHOR}; "
+        f"{FED_ANCHOR} for the *_fed solvers) at the same size; they do not transfer to "
+        "another machine.",
     ]
 
 
@@ -727,7 +830,7 @@ def render_text(report: Report) -> str:
     out += [_text_table(COMPARISON_HEADER, comparison_rows(report, n)), ""]
     out += ["Events per solver:", *(f"  {note}" for note in _event_notes(report)), ""]
     header, rows = scaling_rows(report)
-    out += [f"Scaling: wall time per request (us), ratio to {ANCHOR} in brackets:", ""]
+    out += ["Scaling: wall time per request (us), ratio to the anchor in brackets:", ""]
     out += [_text_table(header, rows), ""]
     if report.memory:
         header, rows = memory_rows(report)
@@ -745,26 +848,26 @@ def render_text(report: Report) -> str:
 
 def render_markdown(report: Report) -> str:
     """The tables for ``docs/performance.md``."""
-    out = ["#### Machine", "", "| | |", "|---|---|"]
+    out = ["### Machine", "", "| | |", "|---|---|"]
     out += [f"| {key} | {value} |" for key, value in report.machine.items()]
     out += ["", *(f"{line}  " for line in _preamble(report)), ""]
     n = report.main_size
-    out += [f"#### Main comparison, {n:,} requests", ""]
+    out += [f"### Main comparison, {n:,} requests", ""]
     out += [_markdown_table(COMPARISON_HEADER, comparison_rows(report, n)), ""]
     out += ["Events counted:", "", *(f"- {note}" for note in _event_notes(report)), ""]
     header, rows = scaling_rows(report)
-    out += [f"#### Wall time per request (us), ratio to {ANCHOR} in brackets", ""]
+    out += ["### Wall time per request (us), ratio to the anchor in brackets", ""]
     out += [_markdown_table(header, rows), ""]
     if report.memory:
         header, rows = memory_rows(report)
-        out += ["#### Peak traced memory per request (bytes)", ""]
+        out += ["### Peak traced memory per request (bytes)", ""]
         out += [_markdown_table(header, rows), ""]
     rows = log_rows(report)
     if rows:
-        out += ["#### Event log and request frame", "", _markdown_table(LOG_HEADER, rows), ""]
+        out += ["### Event log and request frame", "", _markdown_table(LOG_HEADER, rows), ""]
     rows = target_rows(report)
     if rows:
-        out += ["#### Targets", "", _markdown_table(["target", "measured", "status"], rows), ""]
+        out += ["### Targets", "", _markdown_table(["target", "measured", "status"], rows), ""]
     out.append(
         "Every solver's admit, first-token and finish times equal closed_form's at every size."
     )
@@ -794,12 +897,14 @@ def plot_scaling(report: Report, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     markers = {"closed_form": "s", "raw_simpy": "o", "simsim": "^", "simsim_fast": "D"}
+    fed = {"raw_simpy_fed": "raw_simpy", "simsim_fed": "simsim", "simsim_fast_fed": "simsim_fast"}
     for name in report.solvers:
         points = report.at(name)
         ax.plot(
             [m.requests for m in points],
             [m.us_per_request for m in points],
-            marker=markers.get(name, "o"),
+            marker=markers[fed.get(name, name)],
+            linestyle="--" if name in fed else "-",
             label=name,
         )
     ax.set_xscale("log")
@@ -822,16 +927,33 @@ def plot_scaling(report: Report, path: Path) -> None:
 # ---------------------------------------------------------------------- main
 
 
+def warm_up(solvers: Sequence[Solver], runs: int) -> None:
+    """Run each solver *runs* times on a tiny workload, untimed.
+
+    CPython 3.11 specializes a function's bytecode only once the function has been
+    called 8 times; a loop inside a function entered once per run (SimPy's and simsim's
+    run loops, the solvers' own loops) runs unspecialized, and slower, until then.
+    Warming up measures every size with the same, specialized code.
+    """
+    workload = make_workload(WARMUP_REQUESTS)
+    for solver in solvers:
+        for _ in range(runs):
+            solver.solve(workload)
+
+
 def run(
     sizes: Sequence[int],
     repeat: int,
     per_token_max: int,
     solver_names: Sequence[str],
     memory: bool,
+    warmup: int = DEFAULT_WARMUP,
 ) -> Report:
-    """Measure every selected solver at every size it runs at."""
+    """Measure every selected solver at every size it runs at, after *warmup* runs each."""
     solvers = [solver for solver in SOLVERS if solver.name in solver_names]
     load_at_start = _load_average()
+    _progress(f"warming up: {warmup} runs of {WARMUP_REQUESTS} requests per solver")
+    warm_up(solvers, warmup)
     ordered = tuple(sorted(set(sizes)))
     results: dict[int, dict[str, Measurement]] = {}
     for n in ordered:
@@ -847,7 +969,9 @@ def run(
     described = machine()
     # Other processes share the CPUs: say how busy the machine was.
     described["load average (1 min) at start / end"] = f"{load_at_start} / {_load_average()}"
-    return Report(ordered, repeat, memory, tuple(s.name for s in solvers), results, described)
+    return Report(
+        ordered, repeat, warmup, memory, tuple(s.name for s in solvers), results, described
+    )
 
 
 def _load_average() -> str:
@@ -872,15 +996,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--solvers",
         nargs="+",
-        choices=SOLVER_NAMES,
-        default=list(SOLVER_NAMES),
-        help="which solvers to run (all of them are checked against closed_form)",
+        choices=list(SOLVERS_BY_NAME),
+        default=list(DEFAULT_SOLVERS),
+        help=(
+            "which solvers to run, each checked against closed_form (default: the four; "
+            "the *_fed ones submit arrivals from a source process)"
+        ),
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help="untimed runs per solver before measuring (0: measure cold code)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"sizes {', '.join(map(str, QUICK_SIZES))}, one repetition (the smoke test)",
+        help=(
+            f"sizes {', '.join(map(str, QUICK_SIZES))}, one repetition, "
+            f"{QUICK_WARMUP} warm-up runs (the smoke test)"
+        ),
     )
     parser.add_argument("--plot", type=Path, help="write the time-per-request plot (PNG)")
     parser.add_argument("--markdown", type=Path, help="write the tables as Markdown")
@@ -888,12 +1024,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes, repeat, per_token_max = args.sizes, args.repeat, args.per_token_max
     if args.quick:
         sizes, repeat, per_token_max = list(QUICK_SIZES), 1, QUICK_PER_TOKEN_MAX
-    if repeat < 1 or min(sizes) < 1:
-        parser.error("--repeat and every size must be at least 1")
+        args.warmup = min(args.warmup, QUICK_WARMUP)
+    if repeat < 1 or min(sizes) < 1 or args.warmup < 0:
+        parser.error("--repeat and every size must be at least 1, --warmup at least 0")
     if not any(n <= per_token_max for n in sizes):
         parser.error("at least one size must be within --per-token-max")
     try:
-        report = run(sizes, repeat, per_token_max, args.solvers, not args.no_memory)
+        report = run(sizes, repeat, per_token_max, args.solvers, not args.no_memory, args.warmup)
     except DisagreementError as error:
         print(f"DISAGREEMENT: {error}", file=sys.stderr)
         return 1
