@@ -37,12 +37,20 @@ from simsim.records import (
     RecordView,
 )
 from simsim.request import Request, RequestState
-from simsim.scheduler import FcfsScheduler, Scheduler, SchedulerStats
+from simsim.scheduler import FcfsScheduler, QueuedRequest, Scheduler, SchedulerStats
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["EngineBase", "LifecycleEvent", "check_duration_us"]
+__all__ = [
+    "EngineBase",
+    "LifecycleEvent",
+    "check_duration_us",
+    "positive_int",
+    "queued_request",
+]
+
+_ARRIVAL = EventType.REQUEST_ARRIVAL
 
 _SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
 
@@ -405,13 +413,42 @@ class EngineBase:
         """Refuse at submit a request this server could never run (hook)."""
 
     def _on_arrival(self, event: LifecycleEvent) -> None:
+        """The request joins the scheduler's queue; an idle server fills its slot."""
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            request._pending = None
+            self._scheduler.enqueue(queued_request(request))
+            self._processed_event_count += 1
+            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
+            if self._is_idle():
+                self._fill_free_slot()
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    def _is_idle(self) -> bool:
+        """Whether the server could start work now (no request or iteration running)."""
         raise NotImplementedError
+
+    def _fill_free_slot(self) -> None:
+        """Work can start and someone may be queued: start it at the end of this timestamp."""
+        self._request_boundary()
 
     def _cancel_active(self, request: Request, now: int) -> None:
         raise NotImplementedError
 
     def _on_boundary(self, event: Event) -> None:
-        raise NotImplementedError
+        try:
+            self._boundary_pending = False
+            self._boundary_fired = True
+            if self._is_idle():
+                self._admit()
+        except BaseException as error:
+            self._fail(error)
+            raise
 
     def _check_alive(self) -> None:
         if self._failure is not None:
@@ -488,3 +525,26 @@ class EngineBase:
             event = completions.get(request.request_id)
             if event is not None and event._value is PENDING:
                 event.succeed(request)
+
+
+def queued_request(request: Request) -> QueuedRequest:
+    """What the scheduler may know of *request*: its id, arrival and size."""
+    return QueuedRequest(
+        request.request_id,
+        request.arrival_time_us,
+        request.prompt_token_count,
+        request.max_output_tokens,
+    )
+
+
+def positive_int(value: object, name: str) -> int:
+    """*value* as a positive ``int``; a wrong type raises an error that is both a
+    ``TypeError`` and a ``ValueError`` (the contract promises ``ValueError``)."""
+    try:
+        return check_count(value, name, minimum=1)
+    except TypeError as error:
+        raise _ArgumentTypeError(str(error)) from None
+
+
+class _ArgumentTypeError(TypeError, ValueError):
+    """A wrong type where a positive int is required: catchable as either."""

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 from simpy.events import NORMAL, Event
 
 from simsim.backend import Backend, iteration_cost_us
-from simsim.clock import MAX_TIME_US, Environment, check_count
-from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us
+from simsim.clock import MAX_TIME_US, Environment
+from simsim.engines.base import EngineBase, check_duration_us, positive_int, queued_request
 from simsim.errors import InvalidTransitionError, StaleEventError, UnknownRequestError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
-from simsim.scheduler import QueuedRequest, Scheduler
+from simsim.scheduler import Scheduler
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,7 +68,7 @@ class KvCacheConfig:
 
     def __post_init__(self) -> None:
         for spec in fields(self):
-            value = _positive(getattr(self, spec.name), spec.name)
+            value = positive_int(getattr(self, spec.name), spec.name)
             object.__setattr__(self, spec.name, value)
 
     def blocks_for(self, tokens: int) -> int:
@@ -142,9 +142,9 @@ class BatchingEngine(EngineBase):
         kv_cache: KvCacheConfig | None = None,
         env: Environment | None = None,
     ) -> None:
-        slots = _positive(max_active_requests, "max_active_requests")
+        slots = positive_int(max_active_requests, "max_active_requests")
         if max_batch_tokens is not None:
-            max_batch_tokens = _positive(max_batch_tokens, "max_batch_tokens")
+            max_batch_tokens = positive_int(max_batch_tokens, "max_batch_tokens")
             if max_batch_tokens < slots:
                 raise ValueError(
                     f"max_batch_tokens={max_batch_tokens} must be >= max_active_requests="
@@ -235,31 +235,8 @@ class BatchingEngine(EngineBase):
 
     # ------------------------------------------------------------------ events
 
-    def _on_arrival(self, event: LifecycleEvent) -> None:
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            request._pending = None
-            self._scheduler.enqueue(_queued(request))
-            self._processed_event_count += 1
-            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
-            if self._iteration is None:
-                self._request_boundary()
-        except BaseException as error:
-            self._fail(error)
-            raise
-
-    def _on_boundary(self, event: Event) -> None:
-        try:
-            self._boundary_pending = False
-            self._boundary_fired = True
-            if self._iteration is None:
-                self._admit()
-        except BaseException as error:
-            self._fail(error)
-            raise
+    def _is_idle(self) -> bool:
+        return self._iteration is None
 
     def _on_iteration_end(self, event: _IterationEvent) -> None:
         try:
@@ -383,7 +360,7 @@ class BatchingEngine(EngineBase):
         request.transition_to(_PREEMPTED, now)
         self._leave(slot)
         self._log(now, _PREEMPT, request.request_id)
-        self._scheduler.enqueue(_queued(request))
+        self._scheduler.enqueue(queued_request(request))
 
     def _admit_heads(self, now: int) -> list[_Slot]:
         scheduler = self._scheduler
@@ -522,23 +499,3 @@ class BatchingEngine(EngineBase):
         )
         if len(self._scheduler):
             self._admit_now_or_at_boundary()
-
-
-def _queued(request: Request) -> QueuedRequest:
-    return QueuedRequest(
-        request.request_id,
-        request.arrival_time_us,
-        request.prompt_token_count,
-        request.max_output_tokens,
-    )
-
-
-def _positive(value: object, name: str) -> int:
-    try:
-        return check_count(value, name, minimum=1)
-    except TypeError as error:
-        raise _ArgumentTypeError(str(error)) from None
-
-
-class _ArgumentTypeError(TypeError, ValueError):
-    """A wrong type where a positive int is required: catchable as either."""

@@ -181,20 +181,7 @@ class FastSimulationEngine(SimulationEngine):
                 request.generated_token_count = limit
                 if request.first_token_time_us is None:
                     request.first_token_time_us = self._prefill_end_us + self._step_us
-            request.transition_to(_FINISHED, now)
-            # Drop the request <-> event cycle: finished requests stay light for the GC.
-            request._pending = request._event = None
-            self._active = None
-            self._processed_event_count += 1
-            log = self._event_log
-            log.timestamps.append(now)
-            log.sequences.append(event.sequence)
-            log.types.append(_COMPLETE)
-            log.request_ids.append(request.request_id)
-            if self._completions:
-                self._notify_terminal(request)
-            if len(self._scheduler):
-                self._fill_free_slot()
+            self._finish(request, event.sequence)
         except BaseException as error:
             self._fail(error)
             raise

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from simpy.events import Event
-
 from simsim.backend import Backend
-from simsim.clock import MAX_TIME_US, Environment, check_count
-from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us
+from simsim.clock import MAX_TIME_US, Environment
+from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us, positive_int
 from simsim.errors import InvalidTransitionError, UnknownRequestError
 from simsim.records import EventType
 from simsim.request import Request, RequestState
-from simsim.scheduler import QueuedRequest, Scheduler
+from simsim.scheduler import Scheduler
 
 __all__ = ["SimulationEngine"]
 
@@ -63,7 +61,7 @@ class SimulationEngine(EngineBase):
         max_active_requests: int = 1,
         env: Environment | None = None,
     ) -> None:
-        slots = _positive_int(max_active_requests, "max_active_requests")
+        slots = positive_int(max_active_requests, "max_active_requests")
         if slots != 1:
             raise ValueError(
                 f"max_active_requests={slots}: the single-slot SimulationEngine runs exactly "
@@ -88,28 +86,8 @@ class SimulationEngine(EngineBase):
 
     # ------------------------------------------------------------------ events
 
-    def _on_arrival(self, event: LifecycleEvent) -> None:
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            request._pending = None
-            self._scheduler.enqueue(
-                QueuedRequest(
-                    request.request_id,
-                    request.arrival_time_us,
-                    request.prompt_token_count,
-                    request.max_output_tokens,
-                )
-            )
-            self._processed_event_count += 1
-            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
-            if self._active is None:
-                self._fill_free_slot()
-        except BaseException as error:
-            self._fail(error)
-            raise
+    def _is_idle(self) -> bool:
+        return self._active is None
 
     def _on_prefill_complete(self, event: LifecycleEvent) -> None:
         try:
@@ -181,29 +159,24 @@ class SimulationEngine(EngineBase):
             if request._pending is not event:
                 self._ignore_or_fail(event)
                 return
-            now = self._env._now
-            request.transition_to(_FINISHED, now)
-            # Drop the request <-> event cycle: finished requests stay light for the GC.
-            request._pending = request._event = None
-            self._active = None
-            self._processed_event_count += 1
-            self._event_log.append(now, event.sequence, _COMPLETE, request.request_id)
-            self._notify_terminal(request)
-            if len(self._scheduler):
-                self._fill_free_slot()
+            self._finish(request, event.sequence)
         except BaseException as error:
             self._fail(error)
             raise
 
-    def _on_boundary(self, event: Event) -> None:
-        try:
-            self._boundary_pending = False
-            self._boundary_fired = True
-            if self._active is None:
-                self._admit()
-        except BaseException as error:
-            self._fail(error)
-            raise
+    def _finish(self, request: Request, sequence: int) -> None:
+        """The active request completes now: it leaves, and the slot is free."""
+        now = self._env._now
+        request.transition_to(_FINISHED, now)
+        # Drop the request <-> event cycle: finished requests stay light for the GC.
+        request._pending = request._event = None
+        self._active = None
+        self._processed_event_count += 1
+        self._event_log.append(now, sequence, _COMPLETE, request.request_id)
+        if self._completions:
+            self._notify_terminal(request)
+        if len(self._scheduler):
+            self._fill_free_slot()
 
     # ------------------------------------------------------------------ admission
 
@@ -250,10 +223,6 @@ class SimulationEngine(EngineBase):
         """The first event of an admitted request's work: its prefill completion."""
         return self._prefill_callbacks, _PREFILL, now + prefill_us
 
-    def _fill_free_slot(self) -> None:
-        """The slot is free and someone may be queued: admit at the end of this timestamp."""
-        self._request_boundary()
-
     def _cancel_active(self, request: Request, now: int) -> None:
         pending = request._pending
         if pending is None or request is not self._active:
@@ -265,14 +234,3 @@ class SimulationEngine(EngineBase):
         self._active = None
         if len(self._scheduler):
             self._admit_now_or_at_boundary()
-
-
-def _positive_int(value: object, name: str) -> int:
-    try:
-        return check_count(value, name, minimum=1)
-    except TypeError as error:
-        raise _ArgumentTypeError(str(error)) from None
-
-
-class _ArgumentTypeError(TypeError, ValueError):
-    """A wrong type where the contract promises ``ValueError``: catchable as either."""
