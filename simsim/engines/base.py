@@ -37,7 +37,13 @@ from simsim.records import (
     RecordView,
 )
 from simsim.request import Request, RequestState
-from simsim.scheduler import FcfsScheduler, QueuedRequest, Scheduler, SchedulerStats
+from simsim.scheduler import (
+    AdmissionDecision,
+    FcfsScheduler,
+    QueuedRequest,
+    Scheduler,
+    SchedulerStats,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -518,6 +524,28 @@ class EngineBase:
 
     def _admit(self) -> None:
         raise NotImplementedError
+
+    def _proposed(self, decision: AdmissionDecision) -> Request:
+        """The request a scheduler decision names; it must be queued (waiting or preempted)."""
+        rid = decision.request_id
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"scheduler proposed request {rid}, unknown to this engine")
+        state = request.state
+        if state is not RequestState.WAITING and state is not RequestState.PREEMPTED:
+            raise InvalidTransitionError(
+                f"scheduler proposed request {rid}, which is {state.name}, not WAITING or PREEMPTED"
+            )
+        return request
+
+    def _commit(self, decision: AdmissionDecision) -> None:
+        """Commit *decision*; the scheduler must admit the request it names."""
+        committed = self._scheduler.commit(decision)
+        if committed.request_id != decision.request_id:
+            raise InvalidTransitionError(
+                f"scheduler committed request {committed.request_id} for a decision on "
+                f"{decision.request_id}"
+            )
 
     def _notify_terminal(self, request: Request) -> None:
         completions = self._completions

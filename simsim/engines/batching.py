@@ -32,7 +32,7 @@ from simpy.events import NORMAL, Event
 from simsim.backend import Backend, iteration_cost_us
 from simsim.clock import MAX_TIME_US, Environment
 from simsim.engines.base import EngineBase, check_duration_us, positive_int, queued_request
-from simsim.errors import InvalidTransitionError, StaleEventError, UnknownRequestError
+from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
 from simsim.scheduler import Scheduler
@@ -372,16 +372,8 @@ class BatchingEngine(EngineBase):
             decision = scheduler.decide(now)
             if decision is None:
                 break
-            rid = decision.request_id
-            request = self._requests.get(rid)
-            if request is None:
-                raise UnknownRequestError(
-                    f"scheduler proposed request {rid}, unknown to this engine"
-                )
-            if request.state is not _WAITING and request.state is not _PREEMPTED:
-                raise InvalidTransitionError(
-                    f"scheduler proposed request {rid}, which is {request.state.name}"
-                )
+            request = self._proposed(decision)
+            rid = request.request_id
             target = request.prompt_token_count + request.generated_token_count
             if cap is not None and admitted and new_tokens + target > cap:
                 break  # the head would pass the token cap: it waits, nobody overtakes it
@@ -391,11 +383,7 @@ class BatchingEngine(EngineBase):
                 blocks = cache.blocks_for(target + more)
                 if blocks > self._free_blocks:
                     break  # the head does not fit in memory: it waits
-            committed = scheduler.commit(decision)
-            if committed.request_id != rid:
-                raise InvalidTransitionError(
-                    f"scheduler committed request {committed.request_id} for a decision on {rid}"
-                )
+            self._commit(decision)
             request.transition_to(_PREFILLING, now)
             self._free_blocks -= blocks
             slot = _Slot(request, target, blocks)

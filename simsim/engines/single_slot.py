@@ -19,7 +19,7 @@ from collections.abc import Callable
 from simsim.backend import Backend
 from simsim.clock import MAX_TIME_US, Environment
 from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us, positive_int
-from simsim.errors import InvalidTransitionError, UnknownRequestError
+from simsim.errors import InvalidTransitionError
 from simsim.records import EventType
 from simsim.request import Request, RequestState
 from simsim.scheduler import Scheduler
@@ -187,14 +187,8 @@ class SimulationEngine(EngineBase):
         decision = scheduler.decide(now)
         if decision is None:
             return
-        rid = decision.request_id
-        request = self._requests.get(rid)
-        if request is None:
-            raise UnknownRequestError(f"scheduler proposed request {rid}, unknown to this engine")
-        if request.state is not _WAITING:
-            raise InvalidTransitionError(
-                f"scheduler proposed request {rid}, which is {request.state.name}, not WAITING"
-            )
+        request = self._proposed(decision)
+        rid = request.request_id
         prefill_us = self._backend.prefill_us(request.prompt_token_count, 1)
         if type(prefill_us) is not int or prefill_us < 0:
             prefill_us = check_duration_us(prefill_us, "prefill_us", rid)
@@ -202,11 +196,7 @@ class SimulationEngine(EngineBase):
         callback, event_type, at = self._plan_work(request, now, prefill_us)
         if at > MAX_TIME_US:
             raise _overflow(at, rid)
-        admitted = scheduler.commit(decision)
-        if admitted.request_id != rid:
-            raise InvalidTransitionError(
-                f"scheduler committed request {admitted.request_id} for a decision on {rid}"
-            )
+        self._commit(decision)
         request.transition_to(_PREFILLING, now)
         event = request._event
         event.requeue(callback, event_type, at)
