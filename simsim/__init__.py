@@ -4,7 +4,7 @@ Time is an integer number of microseconds. All figures are simulated behaviour f
 analytical cost model, never measured hardware performance.
 """
 
-from simsim import traces, workloads
+from simsim import sweeps, traces, workloads
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
 from simsim.engines import (
@@ -31,6 +31,7 @@ from simsim.scheduler import (
     Scheduler,
     SchedulerStats,
 )
+from simsim.sweeps import CapacityResult, SweepResult, capacity_search, sweep
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "AdmissionRecord",
     "Backend",
     "BatchingEngine",
+    "CapacityResult",
     "EngineFailedError",
     "Environment",
     "EventRecord",
@@ -59,11 +61,15 @@ __all__ = [
     "SimulationError",
     "StaleDecisionError",
     "StaleEventError",
+    "SweepResult",
     "UnknownRequestError",
     "__version__",
+    "capacity_search",
     "ms_to_us",
     "seconds_to_us",
     "summarize",
+    "sweep",
+    "sweeps",
     "traces",
     "workloads",
 ]

@@ -3,20 +3,25 @@
 ``simsim run [SCENARIO.toml] [--out DIR] [--format csv|parquet] [--seed N]`` runs a
 scenario (the built-in default when none is given), prints a summary table and writes
 ``requests``, ``events``, ``admissions`` and ``summary`` files. ``simsim validate``
-checks a scenario file without running it; ``simsim plot DIR`` draws figures from a
-results folder. Exit status: 0 on success, 2 for a bad scenario or bad arguments.
+checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
+[--workers N | --dask ADDRESS]`` runs a sweep or capacity search file, writing each
+finished run at once so that running it again resumes. ``simsim plot DIR`` draws
+figures from a run's or a sweep's results folder. Exit status: 0 on success, 1 when a
+simulation fails, 2 for a bad scenario, sweep file or arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import pandas as pd
 
@@ -24,6 +29,9 @@ from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
+from simsim.sweeps.runner import MANIFEST
+from simsim.sweeps.spec import load_sweep, run_sweep
+from simsim.sweeps.sweep import SweepResult
 
 __all__ = ["main"]
 
@@ -77,8 +85,24 @@ def _build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a scenario file without running it")
     validate.add_argument("scenario", help="a scenario TOML file")
 
+    sweep = commands.add_parser(
+        "sweep", help="run a sweep or capacity search file, resumable, on many processes"
+    )
+    sweep.add_argument("sweep_file", metavar="SWEEP.toml", help="a sweep file (docs/sweeps.md)")
+    sweep.add_argument("--out", required=True, help="results folder; rerun to resume")
+    where = sweep.add_mutually_exclusive_group()
+    where.add_argument(
+        "--workers", type=int, default=None, help="local worker processes (default: one per CPU)"
+    )
+    where.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="run on a Dask cluster at ADDRESS (needs simsim[dask]); 'local' starts one here",
+    )
+
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
-    plot.add_argument("results", help="a folder written by 'simsim run'")
+    plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
     plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
     return parser
 
@@ -91,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "validate":
             return _validate(args)
+        if args.command == "sweep":
+            return _sweep(args)
         return _plot(args)
     except ScenarioError as error:
         print(f"simsim: error: {error}", file=sys.stderr)
@@ -201,6 +227,91 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise ScenarioError("--workers", "", f"must be at least 1, got {args.workers}")
+    spec = load_sweep(args.sweep_file)
+    out = Path(args.out)
+    with contextlib.ExitStack() as stack:
+        executor = None
+        if args.dask is not None:
+            executor = _dask_executor(args.dask, stack)
+            if executor is None:
+                return 2
+        kind = "capacity search" if spec.capacity else "sweep"
+        try:
+            result, capacity = run_sweep(
+                spec,
+                out=out,
+                executor=executor,
+                workers=args.workers,
+                progress=ProgressBar(sys.stderr, kind),
+            )
+        except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
+            print(
+                f"simsim: error: {args.sweep_file}: {type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+            for note in getattr(error, "__notes__", []):
+                print(f"simsim: {note}", file=sys.stderr)
+            return 1
+    print(_sweep_report(result, capacity))
+    tables = "runs.csv, summary.csv" + (", capacity.csv" if capacity is not None else "")
+    print(f"results in {out}/: {tables}")
+    print("All times are simulated from the cost model, not measured on hardware.")
+    return 0
+
+
+def _dask_executor(address: str, stack: contextlib.ExitStack) -> Executor | None:
+    """A Dask executor for *address* ('local' starts a cluster here), closed by *stack*."""
+    try:
+        # Imported by name: Dask is an optional extra, and untyped.
+        distributed: Any = importlib.import_module("distributed")
+    except ImportError:
+        print(
+            "simsim: error: --dask needs Dask's distributed package: pip install 'simsim[dask]'",
+            file=sys.stderr,
+        )
+        return None
+    if address == "local":
+        cluster = stack.enter_context(
+            distributed.LocalCluster(processes=True, threads_per_worker=1, dashboard_address=None)
+        )
+        client = stack.enter_context(distributed.Client(cluster))
+    else:
+        client = stack.enter_context(distributed.Client(address))
+    executor: Executor = client.get_executor()
+    return executor
+
+
+def _sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
+    """A short text report: capacity per configuration, or key metrics per point."""
+    if capacity is not None:
+        lines = []
+        for row in capacity.to_dict("records"):
+            low, high, value = (_number(row[k]) for k in ("interval_low", "interval_high", "value"))
+            lines.append(
+                f"{row['configuration']}: {row['find']} {row['parameter']} = "
+                f"{'none in range' if value == '-' else value} "
+                f"({row['status']}; capacity within [{low}, {high}], {row['runs']} runs)"
+            )
+        return "\n".join(lines)
+    keys = [c for c in ("case", *result.axes) if c in result.runs.columns]
+    wanted = ("ttft_us_p99", "e2e_latency_us_p99", "throughput_tokens_per_s")
+    table = result.summary[result.summary["metric"].isin(wanted)]
+    wide = table.pivot_table(index=["point", *keys], columns="metric", values="mean", sort=False)
+    wide = wide.reindex(columns=[m for m in wanted if m in wide.columns])
+    return (
+        f"{result.runs['point'].nunique()} points x {result.replications} replications "
+        f"(means over replications):\n{wide.to_string()}"
+    )
+
+
+def _number(value: Any) -> str:
+    """A number for a report, ``-`` for a missing one."""
+    return "-" if value is None or pd.isna(value) else f"{value:g}"
+
+
 def _plot(args: argparse.Namespace) -> int:
     try:
         from simsim import plots
@@ -214,7 +325,11 @@ def _plot(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        written = plots.plot_results(Path(args.results), Path(args.out) if args.out else None)
+        results, target = Path(args.results), Path(args.out) if args.out else None
+        if (results / MANIFEST).exists():
+            written = plots.plot_sweep(results, target)
+        else:
+            written = plots.plot_results(results, target)
     except (FileNotFoundError, ValueError, ImportError) as error:
         print(f"simsim: error: {error}", file=sys.stderr)
         return 2

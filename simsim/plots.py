@@ -1,4 +1,4 @@
-"""PNG figures drawn from a results folder written by ``simsim run``.
+"""PNG figures drawn from a results folder written by ``simsim run`` or ``simsim sweep``.
 
 :func:`plot_results` reads the tables of a results folder (CSV or parquet) and writes:
 
@@ -7,6 +7,10 @@
   the requests table by :func:`occupancy_series`;
 - ``gantt.png``: one row per request (waiting, prefill, decoding; cancellations
   marked), only for runs of at most :data:`GANTT_MAX_REQUESTS` requests.
+
+:func:`plot_sweep` reads a sweep's folder and writes ``sweep_latency.png`` (TTFT, TPOT
+and end-to-end percentiles) and ``sweep_throughput.png``, against load, one line per
+configuration with the confidence interval shaded.
 
 Only the result tables are read, never an engine. Every time shown is simulated from
 the cost model, not measured on hardware, and every figure says so.
@@ -23,6 +27,7 @@ it, e.g. when an optional table such as ``iterations`` is absent) and append a
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +54,15 @@ __all__ = [
     "GANTT_MAX_REQUESTS",
     "FigureSpec",
     "ResultsFolder",
+    "SweepFolder",
     "draw_gantt",
     "draw_latency_cdf",
+    "draw_sweep_latency",
+    "draw_sweep_throughput",
     "draw_timeline",
     "occupancy_series",
     "plot_results",
+    "plot_sweep",
     "read_requests",
 ]
 
@@ -512,6 +521,179 @@ def plot_results(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
         if fig is None:
             continue
         path = target / spec.filename
+        try:
+            fig.savefig(path, dpi=_DPI)
+        finally:
+            plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------- sweeps
+
+_SWEEP_LATENCIES: Final = (
+    ("ttft_us", "TTFT"),
+    ("tpot_us", "TPOT"),
+    ("e2e_latency_us", "end-to-end latency"),
+)
+_SWEEP_THROUGHPUTS: Final = (
+    ("throughput_requests_per_s", "finished requests / s"),
+    ("throughput_tokens_per_s", "generated tokens / s"),
+    ("goodput_requests_per_s", "goodput (requests meeting the SLOs / s)"),
+    ("slo_attainment", "SLO attainment (fraction of requests)"),
+)
+
+
+@dataclass(frozen=True)
+class SweepFolder:
+    """A results folder written by :func:`simsim.sweep` or ``simsim sweep``."""
+
+    path: Path
+    summary: pd.DataFrame
+    load: str
+    configuration_columns: tuple[str, ...]
+    confidence: float
+
+    @classmethod
+    def read(cls, path: Path) -> SweepFolder:
+        """Read ``sweep.json`` and ``summary.csv``; errors name the folder and the file."""
+        manifest_path = path / "sweep.json"
+        summary_path = path / "summary.csv"
+        for needed in (manifest_path, summary_path):
+            if not needed.exists():
+                raise FileNotFoundError(
+                    f"{path} is not a finished sweep folder: {needed.name} is missing "
+                    "(run 'simsim sweep' to the end first)"
+                )
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        axes = [str(a) for a in manifest.get("axes", [])]
+        load = manifest.get("load")
+        if not axes or load not in axes:
+            raise ValueError(
+                f"{path}: the sweep has no grid axis to plot against (give it a [grid])"
+            )
+        summary = pd.read_csv(summary_path)
+        others = [a for a in axes if a != load]
+        configuration = tuple(c for c in ("case", *others) if c in summary.columns)
+        return cls(path, summary, str(load), configuration, float(manifest["confidence"]))
+
+    def lines(self, metric: str) -> list[tuple[str, pd.DataFrame]]:
+        """One (label, rows sorted by load) pair per configuration, for *metric*."""
+        rows = self.summary[self.summary["metric"] == metric]
+        if not self.configuration_columns:
+            return [("", rows.sort_values(self.load))]
+        lines = []
+        for keys, group in rows.groupby(list(self.configuration_columns), sort=False):
+            values = keys if isinstance(keys, tuple) else (keys,)
+            label = ", ".join(
+                str(v) if c == "case" else f"{c}={v}"
+                for c, v in zip(self.configuration_columns, values, strict=True)
+            )
+            lines.append((label, group.sort_values(self.load)))
+        return lines
+
+
+def _draw_lines(ax: Axes, folder: SweepFolder, metric: str, scale: float) -> bool:
+    """Mean and shaded interval of *metric* against load, one line per configuration."""
+    drawn = False
+    for label, rows in folder.lines(metric):
+        x = rows[folder.load].to_numpy(dtype=np.float64)
+        mean = rows["mean"].to_numpy(dtype=np.float64) * scale
+        if np.all(np.isnan(mean)):
+            continue
+        (line,) = ax.plot(x, mean, marker="o", markersize=3, label=label or None)
+        low = rows["ci_low"].to_numpy(dtype=np.float64) * scale
+        high = rows["ci_high"].to_numpy(dtype=np.float64) * scale
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn = True
+    ax.grid(True, alpha=0.3)
+    return drawn
+
+
+def draw_sweep_latency(folder: SweepFolder) -> Figure:
+    """TTFT, TPOT and e2e percentiles (ms) against load: one panel per metric and percentile."""
+    metrics = set(folder.summary["metric"])
+    labels = sorted(
+        {m.rsplit("_", 1)[1] for m in metrics if m.startswith("ttft_us_p")},
+        key=lambda label: float(label[1:]),
+    )
+    rows, columns = len(_SWEEP_LATENCIES), max(1, len(labels))
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(4 * columns, 3.2 * rows), squeeze=False, layout="constrained"
+    )
+    for i, (column, title) in enumerate(_SWEEP_LATENCIES):
+        for j, label in enumerate(labels):
+            ax = axes[i][j]
+            ax.set_title(f"{title} {label}")
+            if not _draw_lines(ax, folder, f"{column}_{label}", 1e-3):
+                _no_data(ax, "not measured")
+            _log_if_wide(ax)
+            if j == 0:
+                ax.set_ylabel("ms (simulated)")
+            if i == rows - 1:
+                ax.set_xlabel(folder.load)
+    _sweep_legend(fig, axes[0][0])
+    fig.suptitle(
+        f"Latency percentiles against load: mean over replications, "
+        f"{folder.confidence:.0%} interval shaded\n({SIMULATED_NOTE})"
+    )
+    return fig
+
+
+def _log_if_wide(ax: Axes) -> None:
+    """A log y axis when the lines span more than two decades (a saturated server)."""
+    values = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [np.empty(0)])
+    values = values[np.isfinite(values)]
+    if len(values) and values.min() > 0 and values.max() / values.min() > 100:
+        ax.set_yscale("log")
+
+
+def draw_sweep_throughput(folder: SweepFolder) -> Figure:
+    """Throughput (and goodput and SLO attainment, if measured) against load."""
+    present = [(m, t) for m, t in _SWEEP_THROUGHPUTS if m in set(folder.summary["metric"])]
+    columns = 2 if len(present) > 2 else len(present)
+    rows = -(-len(present) // columns)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False, layout="constrained"
+    )
+    for ax in axes.flat[len(present) :]:
+        ax.set_visible(False)
+    for ax, (metric, title) in zip(axes.flat, present, strict=False):
+        ax.set_title(title)
+        ax.set_xlabel(folder.load)
+        if not _draw_lines(ax, folder, metric, 1.0):
+            _no_data(ax, "not measured")
+    _sweep_legend(fig, axes[0][0])
+    fig.suptitle(
+        f"Throughput against load: mean over replications, {folder.confidence:.0%} interval "
+        f"shaded\n({SIMULATED_NOTE})"
+    )
+    return fig
+
+
+def _sweep_legend(fig: Figure, ax: Axes) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(handles)))
+
+
+def plot_sweep(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw a sweep folder's figures: ``sweep_latency.png`` and ``sweep_throughput.png``.
+
+    The x axis is the sweep's load axis (``load``, by default its first rate axis);
+    every other axis and the case make the configurations, one line each, with the
+    confidence interval of the mean over replications shaded.
+    """
+    folder = SweepFolder.read(Path(results_dir))
+    target = Path(results_dir) if out_dir is None else Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in (
+        ("sweep_latency.png", draw_sweep_latency),
+        ("sweep_throughput.png", draw_sweep_throughput),
+    ):
+        fig = draw(folder)
+        path = target / name
         try:
             fig.savefig(path, dpi=_DPI)
         finally:

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     from simsim.engines.base import EngineBase
 
 __all__ = [
+    "DEFAULT_PERCENTILES",
     "REQUEST_COLUMNS",
     "admissions_frame",
     "events_frame",
     "iterations_frame",
+    "percentile_label",
     "requests_frame",
     "summarize",
 ]
@@ -64,7 +66,8 @@ REQUEST_COLUMNS = (
 
 _FINISHED = RequestState.FINISHED
 _LATENCY_COLUMNS = ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
-_PERCENTILES = ((50, 0.5), (90, 0.9), (99, 0.99))
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+"""The percentiles :func:`summarize` reports unless told otherwise."""
 
 
 def requests_frame(requests: Mapping[int, Request] | Iterable[Request]) -> pd.DataFrame:
@@ -136,6 +139,7 @@ def summarize(
     *,
     ttft_slo_us: int | None = None,
     tpot_slo_us: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> pd.DataFrame:
     """Summarise a :func:`requests_frame`: one row per metric, in a ``value`` column.
 
@@ -144,7 +148,9 @@ def summarize(
     ``throughput_tokens_per_s`` (finished requests and generated tokens per simulated
     second of makespan); then ``<column>_mean``, ``_p50``, ``_p90`` and ``_p99`` for
     ``queue_delay_us``, ``ttft_us``, ``e2e_latency_us`` and ``tpot_us`` over the rows
-    where the value exists. Percentiles use linear interpolation (pandas' default).
+    where the value exists. Percentiles use linear interpolation (pandas' default);
+    *percentiles* (numbers strictly between 0 and 100) chooses others, each named by
+    :func:`percentile_label` (``99.9`` gives ``ttft_us_p99.9``).
 
     With ``ttft_slo_us`` and/or ``tpot_slo_us``, also ``slo_attainment`` (the fraction
     of all requests that finished and met every given target; a request with no
@@ -155,6 +161,7 @@ def summarize(
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
         raise ValueError(f"summarize needs a requests_frame(); missing columns {missing}")
+    labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
     metrics: dict[str, float] = {"requests": float(len(requests))}
     states = requests["state"].astype(str)
     for state in RequestState:
@@ -168,8 +175,8 @@ def summarize(
     for column in _LATENCY_COLUMNS:
         values = requests[column].dropna().astype("float64")
         metrics[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
-        for label, q in _PERCENTILES:
-            metrics[f"{column}_p{label}"] = float(values.quantile(q)) if len(values) else math.nan
+        for label, q in labels:
+            metrics[f"{column}_{label}"] = float(values.quantile(q)) if len(values) else math.nan
     if ttft_slo_us is not None or tpot_slo_us is not None:
         good = finished.to_numpy(dtype=bool, copy=True)
         if ttft_slo_us is not None:
@@ -186,6 +193,24 @@ def summarize(
     frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
     frame.index.name = "metric"
     return frame
+
+
+def percentile_label(percentile: float) -> str:
+    """The suffix :func:`summarize` uses for a percentile: ``99`` -> ``"p99"``."""
+    return f"p{float(percentile):g}"
+
+
+def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
+    checked = []
+    for value in percentiles:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 100:
+            raise ValueError(
+                f"percentiles must be numbers strictly between 0 and 100, got {value!r}"
+            )
+        checked.append(float(value))
+    if len({percentile_label(q) for q in checked}) != len(checked):
+        raise ValueError(f"percentiles must not repeat, got {list(percentiles)!r}")
+    return checked
 
 
 def _makespan_us(requests: pd.DataFrame) -> float:

@@ -47,6 +47,7 @@ __all__ = [
     "RequestSpec",
     "Scenario",
     "ScenarioError",
+    "TomlChecker",
     "Workload",
     "default_scenario",
     "load_scenario",
@@ -269,7 +270,7 @@ def parse_scenario(
     data: Mapping[str, Any], *, source: str = "<scenario>", base_dir: Path | None = None
 ) -> Scenario:
     """Validate an already-parsed TOML document and build the :class:`Scenario`."""
-    check = _Checker(source)
+    check = TomlChecker(source)
     check.keys(data, _TOP_KEYS, "")
     head = check.table(data, "scenario", "scenario")
     check.keys(head, _SCENARIO_KEYS, "scenario")
@@ -346,7 +347,9 @@ def parse_scenario(
     return scenario
 
 
-def _parse_batching(check: _Checker, data: Mapping[str, Any], engine: str) -> BatchingSpec | None:
+def _parse_batching(
+    check: TomlChecker, data: Mapping[str, Any], engine: str
+) -> BatchingSpec | None:
     if engine != "batching":
         for name in ("batching", "kv_cache"):
             if name in data:
@@ -384,7 +387,7 @@ def _parse_batching(check: _Checker, data: Mapping[str, Any], engine: str) -> Ba
 
 
 def _parse_trace(
-    check: _Checker, table: Mapping[str, Any], base_dir: Path | None
+    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
 ) -> list[RequestSpec]:
     check.keys(table, _TRACE_KEYS, "trace")
     path = Path(check.string(table, "path", "trace"))
@@ -438,7 +441,9 @@ def _from_trace_error(error: TraceError) -> ScenarioError:
     return ScenarioError(error.source, place, error.rule)
 
 
-def _parse_workload(check: _Checker, table: Mapping[str, Any], base_dir: Path | None) -> Workload:
+def _parse_workload(
+    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
+) -> Workload:
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
     try:
@@ -472,7 +477,7 @@ def _parse_workload(check: _Checker, table: Mapping[str, Any], base_dir: Path | 
         raise check.fail(where, str(error)) from None
 
 
-def _parse_arrivals(check: _Checker, table: Mapping[str, Any]) -> ArrivalProcess:
+def _parse_arrivals(check: TomlChecker, table: Mapping[str, Any]) -> ArrivalProcess:
     where = "workload"
     if "rate_per_s" in table:
         if "arrivals" in table:
@@ -495,7 +500,7 @@ def _parse_arrivals(check: _Checker, table: Mapping[str, Any]) -> ArrivalProcess
 
 
 def _parse_optional_distribution(
-    check: _Checker, table: Mapping[str, Any], key: str, base_dir: Path | None
+    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
 ) -> LengthDistribution | None:
     if key not in table:
         return None
@@ -503,7 +508,7 @@ def _parse_optional_distribution(
 
 
 def _parse_distribution(
-    check: _Checker, table: Mapping[str, Any], key: str, base_dir: Path | None
+    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
 ) -> LengthDistribution:
     at = f"workload.{key}"
     if key not in table:
@@ -552,7 +557,7 @@ def _parse_distribution(
     return _make(check, at, Empirical, tuple(values), None if weights is None else tuple(weights))
 
 
-def _make(check: _Checker, at: str, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+def _make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """Build a workload part, turning its argument errors into a :class:`ScenarioError`."""
     try:
         return factory(*args, **kwargs)
@@ -565,7 +570,7 @@ def _make(check: _Checker, at: str, factory: Callable[..., _T], *args: Any, **kw
 _T = TypeVar("_T")
 
 
-class _Checker:
+class TomlChecker:
     """Typed look-ups into parsed TOML that raise :class:`ScenarioError` on bad input."""
 
     def __init__(self, source: str) -> None:

@@ -1,0 +1,27 @@
+"""Sweeps and capacity search: many independent runs, on any executor.
+
+:func:`sweep` runs a grid of scenario settings with seeded replications and returns
+tidy tables; :func:`capacity_search` finds the highest load (or the fewest slots) that
+meets latency targets. Both run through a ``concurrent.futures.Executor``: a local
+process pool by default, or a cluster's (Dask's ``Client(...).get_executor()``).
+"""
+
+from simsim.sweeps.capacity import CapacityResult, capacity_search
+from simsim.sweeps.grid import Case, SweepPoint, expand_grid, run_seed
+from simsim.sweeps.stats import MeanInterval, mean_interval, student_t_quantile
+from simsim.sweeps.sweep import SweepResult, aggregate, sweep
+
+__all__ = [
+    "CapacityResult",
+    "Case",
+    "MeanInterval",
+    "SweepPoint",
+    "SweepResult",
+    "aggregate",
+    "capacity_search",
+    "expand_grid",
+    "mean_interval",
+    "run_seed",
+    "student_t_quantile",
+    "sweep",
+]

@@ -1,0 +1,382 @@
+"""Running sweep points through an executor, and keeping finished runs on disk.
+
+A *run* is one (point, replication) pair. Its seed comes from :func:`run_seed`, so a
+run gives the same metrics in any process, on any worker, in any order. The runner
+submits runs to a ``concurrent.futures.Executor`` (or runs them in this process),
+writes each finished run to the results folder at once, and, when started again on
+the same folder, loads finished runs instead of running them again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
+from simsim.scenario import ScenarioError, parse_scenario, run_scenario
+from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
+from simsim.workloads import check_seed
+
+__all__ = [
+    "Model",
+    "RunRecord",
+    "Runner",
+    "ScenarioSource",
+    "metric_names",
+    "resolve_source",
+]
+
+Model = Callable[[dict[str, Any], int], pd.DataFrame]
+"""A user's own simulation: ``model(params, seed)`` returns a ``requests_frame()``."""
+
+ProgressCallback = Callable[[int, int], None]
+
+MANIFEST = "sweep.json"
+RUNS_FOLDER = "runs"
+_FORMAT = "simsim-sweep"
+_RESERVED_KEYS = ("scenario.seed",)
+
+
+def metric_names(
+    *,
+    ttft_slo_us: int | None = None,
+    tpot_slo_us: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> list[str]:
+    """The metrics :func:`simsim.summarize` reports with these settings, in order."""
+    empty = summarize(
+        requests_frame([]),
+        ttft_slo_us=ttft_slo_us,
+        tpot_slo_us=tpot_slo_us,
+        percentiles=percentiles,
+    )
+    return [str(name) for name in empty.index]
+
+
+@dataclass(frozen=True)
+class ScenarioSource:
+    """Where a sweep's runs come from: a scenario document, or a user's model."""
+
+    document: Mapping[str, Any] | None
+    base_dir: str
+    source: str
+    model: Model | None = None
+
+    def identity(self) -> Any:
+        """What a results folder's fingerprint records of this source."""
+        if self.model is not None:
+            name = getattr(self.model, "__qualname__", type(self.model).__qualname__)
+            return {"model": f"{getattr(self.model, '__module__', '?')}.{name}"}
+        return {"scenario": self.document}
+
+    def check(self, point: SweepPoint) -> None:
+        """Validate the point's scenario before anything runs (errors name the key)."""
+        for key in point.settings:
+            if key in _RESERVED_KEYS:
+                raise ScenarioError(
+                    self.source, key, "the sweep sets each run's seed; use the sweep's seed"
+                )
+        if self.document is None:
+            return
+        try:
+            document = apply_settings(self.document, point.settings)
+        except ValueError as error:
+            raise ScenarioError(self.source, point.label(), str(error)) from None
+        parse_scenario(
+            document, source=f"{self.source} [{point.label()}]", base_dir=Path(self.base_dir)
+        )
+
+
+def resolve_source(scenario: str | os.PathLike[str] | Mapping[str, Any] | Model) -> ScenarioSource:
+    """Turn :func:`simsim.sweep`'s ``scenario`` argument into a :class:`ScenarioSource`.
+
+    A path is read as a TOML scenario file (relative paths inside it are relative to
+    the file); a mapping is a scenario document as ``tomllib`` would return it
+    (relative paths are relative to the current directory); a callable is a model.
+    """
+    if isinstance(scenario, str | os.PathLike):
+        path = Path(scenario)
+        try:
+            document = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise ScenarioError(str(path), "", f"cannot read the file ({error.strerror})") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ScenarioError(str(path), "", f"not valid TOML: {error}") from None
+        return ScenarioSource(document, str(path.parent.resolve()), str(path))
+    if isinstance(scenario, Mapping):
+        return ScenarioSource(dict(scenario), str(Path.cwd()), "<sweep scenario>")
+    if callable(scenario):
+        return ScenarioSource(
+            None, str(Path.cwd()), getattr(scenario, "__name__", "<model>"), scenario
+        )
+    raise TypeError(
+        "scenario must be a TOML file path, a scenario document (dict) or a model "
+        f"callable(params, seed), got {type(scenario).__name__} {scenario!r}"
+    )
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """Everything a worker needs for one run; small and picklable."""
+
+    source: ScenarioSource
+    settings: Mapping[str, Any]
+    params: Mapping[str, Any]
+    seed: int
+    ttft_slo_us: int | None
+    tpot_slo_us: float | None
+    percentiles: tuple[float, ...]
+
+
+def execute(task: RunTask) -> dict[str, float]:
+    """Run one replication and return its summary metrics (called in a worker)."""
+    source = task.source
+    if source.model is not None:
+        frame = source.model(dict(task.params), task.seed)
+    else:
+        assert source.document is not None
+        document = apply_settings(source.document, {**task.settings, "scenario.seed": task.seed})
+        scenario = parse_scenario(document, source=source.source, base_dir=Path(source.base_dir))
+        frame = run_scenario(scenario).requests_frame()
+    summary = summarize(
+        frame,
+        ttft_slo_us=task.ttft_slo_us,
+        tpot_slo_us=task.tpot_slo_us,
+        percentiles=task.percentiles,
+    )
+    return {str(name): float(value) for name, value in summary["value"].items()}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The result of one run: which point and replication, its seed and its metrics."""
+
+    point: SweepPoint
+    replication: int
+    seed: int
+    metrics: Mapping[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to ``runs/<key>-<replication>.json``."""
+        return {
+            "key": self.point.key,
+            "case": self.point.case,
+            "params": dict(self.point.params),
+            "replication": self.replication,
+            "seed": self.seed,
+            "metrics": dict(self.metrics),
+        }
+
+
+class _Store:
+    """A results folder: a manifest, and one JSON file per finished run."""
+
+    def __init__(self, folder: Path, fingerprint: str) -> None:
+        self.folder = folder
+        self.runs = folder / RUNS_FOLDER
+        manifest = folder / MANIFEST
+        if manifest.exists():
+            try:
+                recorded = json.loads(manifest.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{manifest}: not a readable sweep manifest ({error})") from None
+            if recorded.get("fingerprint") != fingerprint:
+                raise ValueError(
+                    f"{folder} holds the results of a different sweep (its base scenario, "
+                    "seed, SLO targets or percentiles differ); use another output folder "
+                    "or delete it"
+                )
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json(manifest, {"format": _FORMAT, "fingerprint": fingerprint})
+        self.runs.mkdir(exist_ok=True)
+
+    def path(self, point: SweepPoint, replication: int) -> Path:
+        return self.runs / f"{point.key}-{replication}.json"
+
+    def load(self, point: SweepPoint, replication: int) -> Mapping[str, float] | None:
+        path = self.path(point, replication)
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {str(k): float(v) for k, v in data["metrics"].items()}
+
+    def save(self, record: RunRecord) -> None:
+        write_json(self.path(record.point, record.replication), record.to_json())
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write *data* to *path* atomically: a reader sees the old file or the whole new one."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(partial, path)
+
+
+class Runner:
+    """Runs (point, replication) pairs through an executor and collects their records.
+
+    With ``workers == 1`` and no executor, runs happen in this process, one after the
+    other. With an *executor*, the caller owns it (the runner never shuts it down);
+    otherwise the runner starts a process pool of *workers* processes (default: the
+    number of CPUs) on first use and shuts it down in :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        source: ScenarioSource,
+        *,
+        seed: int,
+        executor: concurrent.futures.Executor | None = None,
+        workers: int | None = None,
+        ttft_slo_us: int | None = None,
+        tpot_slo_us: float | None = None,
+        percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+        out: str | os.PathLike[str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        if workers is not None:
+            if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+                raise ValueError(f"workers must be a positive int, got {workers!r}")
+            if executor is not None:
+                raise ValueError("give either an executor or a number of workers, not both")
+        if executor is not None and not isinstance(executor, concurrent.futures.Executor):
+            raise TypeError(
+                "executor must be a concurrent.futures.Executor, "
+                f"got {type(executor).__name__} {executor!r}"
+            )
+        self.source = source
+        self.seed = check_seed(seed)
+        self.ttft_slo_us = ttft_slo_us
+        self.tpot_slo_us = tpot_slo_us
+        self._executor = executor
+        self._owned: concurrent.futures.Executor | None = None
+        self._workers = workers if workers is not None else (os.cpu_count() or 1)
+        self._progress = progress
+        self.metrics = metric_names(
+            ttft_slo_us=ttft_slo_us, tpot_slo_us=tpot_slo_us, percentiles=percentiles
+        )
+        self.percentiles = tuple(float(q) for q in percentiles)
+        self._store = None if out is None else _Store(Path(out), self.fingerprint())
+        self.done = 0
+        self.total = 0
+        self.loaded = 0
+
+    def fingerprint(self) -> str:
+        """A hash of what every run of this sweep shares: source, seed and SLO targets."""
+        identity = {
+            "source": self.source.identity(),
+            "seed": self.seed,
+            "ttft_slo_us": self.ttft_slo_us,
+            "tpot_slo_us": self.tpot_slo_us,
+            "percentiles": list(self.percentiles),
+        }
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    @property
+    def folder(self) -> Path | None:
+        """The results folder, if any."""
+        return None if self._store is None else self._store.folder
+
+    def expect(self, count: int) -> None:
+        """Add *count* runs to the total that progress reports count towards."""
+        self.total += count
+        self._report()
+
+    def _report(self) -> None:
+        if self._progress is not None:
+            self._progress(self.done, max(self.total, self.done))
+
+    def run(self, pairs: Sequence[tuple[SweepPoint, int]]) -> list[RunRecord]:
+        """Run every (point, replication) pair not already in the folder; in input order."""
+        results: dict[tuple[str, int], RunRecord] = {}
+        pending: list[tuple[SweepPoint, int, RunTask]] = []
+        for point, replication in pairs:
+            seed = run_seed(self.seed, point.key, replication)
+            stored = None if self._store is None else self._store.load(point, replication)
+            if stored is not None:
+                results[point.key, replication] = RunRecord(point, replication, seed, stored)
+                self.loaded += 1
+                self.done += 1
+                continue
+            task = RunTask(
+                self.source,
+                point.settings,
+                point.params,
+                seed,
+                self.ttft_slo_us,
+                self.tpot_slo_us,
+                self.percentiles,
+            )
+            pending.append((point, replication, task))
+        self._report()
+        for point, replication, task, metrics in self._execute(pending):
+            record = RunRecord(point, replication, task.seed, metrics)
+            if self._store is not None:
+                self._store.save(record)
+            results[point.key, replication] = record
+            self.done += 1
+            self._report()
+        return [results[point.key, replication] for point, replication in pairs]
+
+    def _execute(
+        self, pending: list[tuple[SweepPoint, int, RunTask]]
+    ) -> Iterator[tuple[SweepPoint, int, RunTask, dict[str, float]]]:
+        if not pending:
+            return
+        if self._executor is None and self._workers == 1:
+            for point, replication, task in pending:
+                with _naming(point, replication):
+                    metrics = execute(task)
+                yield point, replication, task, metrics
+            return
+        executor = self._pool()
+        futures = {executor.submit(execute, item[2]): item for item in pending}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                point, replication, task = futures[future]
+                with _naming(point, replication):
+                    metrics = future.result()
+                yield point, replication, task, metrics
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def _pool(self) -> concurrent.futures.Executor:
+        if self._executor is not None:
+            return self._executor
+        if self._owned is None:
+            self._owned = concurrent.futures.ProcessPoolExecutor(max_workers=self._workers)
+        return self._owned
+
+    def close(self) -> None:
+        """Shut down the process pool the runner started, if any."""
+        if self._owned is not None:
+            self._owned.shutdown(wait=True, cancel_futures=True)
+            self._owned = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _naming(point: SweepPoint, replication: int) -> Iterator[None]:
+    """Add the point and replication to any exception raised by a run."""
+    try:
+        yield
+    except Exception as error:
+        error.add_note(f"in sweep point {point.index} ({point.label()}), replication {replication}")
+        raise

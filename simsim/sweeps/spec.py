@@ -1,0 +1,364 @@
+"""Sweep files: a TOML description of a sweep or capacity search, for ``simsim sweep``.
+
+The format is documented in ``docs/sweeps.md``. Every error is a
+:class:`~simsim.scenario.ScenarioError` naming the file, the key and the rule.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from simsim.results import DEFAULT_PERCENTILES
+from simsim.scenario import ScenarioError, TomlChecker
+from simsim.sweeps.capacity import (
+    CapacityResult,
+    check_tolerance,
+    search,
+    target_metrics,
+)
+from simsim.sweeps.grid import Case, SweepPoint, expand_grid
+from simsim.sweeps.runner import Runner, RunRecord, ScenarioSource, resolve_source
+from simsim.sweeps.sweep import SweepResult, make_result, run_grid, write_tables
+
+__all__ = ["CapacitySpec", "SweepSpec", "capacity_frame", "load_sweep", "run_sweep"]
+
+_TOP_KEYS = ("sweep", "base", "grid", "cases", "capacity")
+_SWEEP_KEYS = (
+    "scenario",
+    "replications",
+    "seed",
+    "confidence",
+    "ttft_slo_us",
+    "tpot_slo_us",
+    "percentiles",
+    "load",
+)
+_CAPACITY_KEYS = (
+    "parameter",
+    "low",
+    "high",
+    "find",
+    "tolerance",
+    "max_replications",
+    "targets",
+)
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """The ``[capacity]`` table: what to search for, in each configuration of the sweep."""
+
+    parameter: str
+    low: int | float
+    high: int | float
+    integer: bool
+    find: Literal["max", "min"]
+    tolerance: int | float
+    max_replications: int
+    targets: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep file."""
+
+    path: Path
+    source: ScenarioSource
+    grid: Mapping[str, list[Any]]
+    cases: list[Case] | None
+    replications: int
+    seed: int
+    confidence: float
+    ttft_slo_us: int | None
+    tpot_slo_us: float | None
+    percentiles: tuple[float, ...]
+    load: str | None
+    capacity: CapacitySpec | None
+
+    def run_count(self) -> int:
+        """How many runs a plain sweep makes (a capacity search's count is not known)."""
+        return len(expand_grid(self.grid, self.cases)) * self.replications
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables to dotted keys: ``{workload = {rate_per_s = [..]}}`` -> one key."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
+    """Read and validate a sweep file, including every point's scenario."""
+    path = Path(path)
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ScenarioError(source, "", f"cannot read the file ({error.strerror})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(source, "", f"not valid TOML: {error}") from None
+    check = TomlChecker(source)
+    check.keys(data, _TOP_KEYS, "")
+    head = check.table(data, "sweep", "sweep")
+    check.keys(head, _SWEEP_KEYS, "sweep")
+
+    if ("scenario" in head) == ("base" in data):
+        raise check.fail(
+            "sweep.scenario",
+            "give either sweep.scenario (a scenario file) or an inline [base] scenario table",
+        )
+    if "scenario" in head:
+        scenario_path = Path(check.string(head, "scenario", "sweep"))
+        if not scenario_path.is_absolute():
+            scenario_path = path.parent / scenario_path
+        scenario_source = resolve_source(scenario_path)
+    else:
+        base = check.table(data, "base", "base")
+        scenario_source = ScenarioSource(base, str(path.parent.resolve()), f"{source} [base]")
+
+    replications = _positive(check, head, "replications", 3)
+    seed = check.integer(head, "seed", "sweep", default=0)
+    confidence = check.number(head, "confidence", "sweep", default=0.95)
+    if not 0 < confidence < 1:
+        raise check.fail("sweep.confidence", f"must be strictly between 0 and 1, got {confidence}")
+    ttft_slo_us = check.optional_time(head, "ttft_slo_us", "sweep")
+    tpot_slo_us = check.optional_number(head, "tpot_slo_us", "sweep")
+    percentiles = _percentiles(check, head)
+
+    grid_table = check.table(data, "grid", "grid")
+    grid = _flatten(grid_table)
+    for key, values in grid.items():
+        if not isinstance(values, list):
+            raise check.fail(f"grid.{key}", f"must be an array of values, got {values!r}")
+    cases = None
+    if "cases" in data:
+        cases_table = check.table(data, "cases", "cases")
+        cases = []
+        for name, settings in cases_table.items():
+            if not isinstance(settings, dict):
+                raise check.fail(f"cases.{name}", "must be a table of scenario settings")
+            cases.append(Case(name, _flatten(settings)))
+        if not cases:
+            raise check.fail("cases", "needs at least one case")
+
+    capacity = None
+    if "capacity" in data:
+        capacity = _capacity(check, check.table(data, "capacity", "capacity"), grid, replications)
+        percentiles = tuple(dict.fromkeys([*percentiles, *target_metrics(capacity.targets)[1]]))
+
+    try:
+        points = expand_grid(grid, cases)
+    except (TypeError, ValueError) as error:
+        raise check.fail("grid" if cases is None else "cases", str(error)) from None
+    load = head.get("load")
+    if load is not None and (not isinstance(load, str) or load not in grid):
+        raise check.fail(
+            "sweep.load", f"must name one of the grid's keys {list(grid)}, got {load!r}"
+        )
+    for point in points:
+        if capacity is not None:
+            # Check the searched parameter's bounds too, not only the grid's values.
+            for value in (capacity.low, capacity.high):
+                scenario_source.check(
+                    expand_grid(
+                        {capacity.parameter: [value]},
+                        [Case(point.case or "base", point.settings)],
+                    )[0]
+                )
+        else:
+            scenario_source.check(point)
+    return SweepSpec(
+        path=path,
+        source=scenario_source,
+        grid=grid,
+        cases=cases,
+        replications=replications,
+        seed=seed,
+        confidence=confidence,
+        ttft_slo_us=ttft_slo_us,
+        tpot_slo_us=tpot_slo_us,
+        percentiles=percentiles,
+        load=load,
+        capacity=capacity,
+    )
+
+
+def _positive(check: TomlChecker, table: Mapping[str, Any], key: str, default: int) -> int:
+    value = check.integer(table, key, "sweep", default=default)
+    if value < 1:
+        raise check.fail(f"sweep.{key}", f"must be at least 1, got {value}")
+    return value
+
+
+def _percentiles(check: TomlChecker, head: Mapping[str, Any]) -> tuple[float, ...]:
+    values = head.get("percentiles", list(DEFAULT_PERCENTILES))
+    if not isinstance(values, list) or not values:
+        raise check.fail("sweep.percentiles", f"must be a non-empty array, got {values!r}")
+    for value in values:
+        if type(value) not in (int, float) or not 0 < value < 100:
+            raise check.fail(
+                "sweep.percentiles", f"values must be numbers in (0, 100), got {value!r}"
+            )
+    return tuple(float(v) for v in values)
+
+
+def _capacity(
+    check: TomlChecker, table: Mapping[str, Any], grid: Mapping[str, Any], replications: int
+) -> CapacitySpec:
+    check.keys(table, _CAPACITY_KEYS, "capacity")
+    parameter = check.string(table, "parameter", "capacity")
+    if parameter in grid:
+        raise check.fail(
+            "capacity.parameter", f"{parameter!r} is searched, so it cannot also be a grid key"
+        )
+    low = check.number(table, "low", "capacity")
+    high = check.number(table, "high", "capacity")
+    if not low < high:
+        raise check.fail("capacity.high", f"must be above low ({low}), got {high}")
+    integer = type(table["low"]) is int and type(table["high"]) is int
+    if integer:
+        low, high = int(table["low"]), int(table["high"])
+    find: Literal["max", "min"] = (
+        "min"
+        if check.choice(table, "find", "capacity", ("max", "min"), default="max") == "min"
+        else "max"
+    )
+    try:
+        tolerance = check_tolerance(table.get("tolerance"), low, high, integer)
+    except ValueError as error:
+        raise check.fail("capacity.tolerance", str(error)) from None
+    if replications < 2:
+        raise check.fail("sweep.replications", "a capacity search needs at least 2")
+    max_replications = check.integer(
+        table, "max_replications", "capacity", default=4 * replications
+    )
+    if max_replications < replications:
+        raise check.fail(
+            "capacity.max_replications",
+            f"must be at least sweep.replications ({replications}), got {max_replications}",
+        )
+    targets = check.table(table, "targets", "capacity.targets")
+    try:
+        checked, _ = target_metrics(targets)
+    except ValueError as error:
+        raise check.fail("capacity.targets", str(error)) from None
+    return CapacitySpec(parameter, low, high, integer, find, tolerance, max_replications, checked)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    out: str | os.PathLike[str],
+    executor: concurrent.futures.Executor | None = None,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[SweepResult, pd.DataFrame | None]:
+    """Run a sweep file into the folder *out*: its grid, or its capacity searches.
+
+    Returns the sweep's tables and, for a ``[capacity]`` file, one row per configuration
+    (also written to ``capacity.csv``). A capacity search's runs are the sweep's runs,
+    with the configuration as ``case`` and the probed values on the searched axis.
+    """
+    if spec.capacity is None:
+        result = run_grid(
+            spec.source,
+            spec.grid,
+            cases=spec.cases,
+            replications=spec.replications,
+            seed=spec.seed,
+            executor=executor,
+            workers=workers,
+            confidence=spec.confidence,
+            ttft_slo_us=spec.ttft_slo_us,
+            tpot_slo_us=spec.tpot_slo_us,
+            percentiles=spec.percentiles,
+            load=spec.load,
+            out=out,
+            progress=progress,
+        )
+        return result, None
+    capacity = spec.capacity
+    searches: list[CapacityResult] = []
+    records: list[RunRecord] = []
+    configurations = [Case(p.label(), p.settings) for p in expand_grid(spec.grid, spec.cases)]
+    with Runner(
+        spec.source,
+        seed=spec.seed,
+        executor=executor,
+        workers=workers,
+        ttft_slo_us=spec.ttft_slo_us,
+        tpot_slo_us=spec.tpot_slo_us,
+        percentiles=spec.percentiles,
+        out=out,
+        progress=progress,
+    ) as runner:
+        for configuration in configurations:
+            found, runs = search(
+                runner,
+                capacity.parameter,
+                case=configuration,
+                low=capacity.low,
+                high=capacity.high,
+                integer=capacity.integer,
+                tolerance=capacity.tolerance,
+                find=capacity.find,
+                targets=capacity.targets,
+                replications=spec.replications,
+                max_replications=capacity.max_replications,
+                confidence=spec.confidence,
+            )
+            searches.append(found)
+            # Number the points across searches so each probed value has its own.
+            offset = len(points_of(records))
+            records.extend(
+                replace(r, point=replace(r.point, index=r.point.index + offset)) for r in runs
+            )
+        folder = runner.folder
+    points = points_of(records)
+    result = make_result(
+        records, points, (capacity.parameter,), spec.confidence, spec.replications, spec.seed
+    )
+    table = capacity_frame(searches, [c.name for c in configurations])
+    if folder is not None:
+        write_tables(result, folder)
+        table.to_csv(folder / "capacity.csv", index=False)
+    return result, table
+
+
+def points_of(records: list[RunRecord]) -> list[SweepPoint]:
+    """The distinct points of *records*, in first-seen order."""
+    return list({r.point.key: r.point for r in records}.values())
+
+
+def capacity_frame(results: list[CapacityResult], labels: list[str]) -> pd.DataFrame:
+    """One row per configuration: what each capacity search found."""
+    rows = []
+    for label, result in zip(labels, results, strict=True):
+        low, high = result.interval
+        rows.append(
+            {
+                "configuration": label,
+                "parameter": result.parameter,
+                "find": result.find,
+                "status": result.status,
+                "value": result.value,
+                "interval_low": low,
+                "interval_high": high,
+                "probes": len(result.evaluations),
+                "runs": len(result.runs),
+            }
+        )
+    return pd.DataFrame(rows)

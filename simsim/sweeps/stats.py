@@ -1,0 +1,130 @@
+"""Confidence intervals for replicated runs: Student's t, without SciPy.
+
+The core install depends on NumPy and pandas only, so the t quantile is computed here:
+the t distribution's CDF comes from the regularized incomplete beta function (a
+continued fraction evaluated with the modified Lentz method), and the quantile is found
+by bisection on that CDF, to about 1e-12.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["MeanInterval", "mean_interval", "student_t_cdf", "student_t_quantile"]
+
+_TINY = 1e-300
+_EPSILON = 1e-15
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    c = 1.0
+    d = 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
+    result = d
+    for m in range(1, 1000):
+        # Even step, then odd step, of the fraction's recurrence.
+        numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > _TINY else _TINY
+        result *= d * c
+        numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > _TINY else _TINY
+        step = d * c
+        result *= step
+        if abs(step - 1.0) < _EPSILON:
+            break
+    return result
+
+
+def _regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    # The fraction converges fast only on this side of the mean; use symmetry otherwise.
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t distribution with *df* > 0 degrees of freedom."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df!r}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _regularized_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The *p* quantile of Student's t with *df* > 0 degrees of freedom (0 < p < 1)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be strictly between 0 and 1, got {p!r}")
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df!r}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    high = 1.0
+    while student_t_cdf(high, df) < p:
+        high *= 2.0
+    low = 0.0
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if student_t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True, slots=True)
+class MeanInterval:
+    """The mean of some replications and its two-sided Student-t confidence interval.
+
+    ``count`` is the number of finite values used; with fewer than two the interval
+    (and ``std``) is NaN.
+    """
+
+    mean: float
+    std: float
+    count: int
+    low: float
+    high: float
+
+
+def mean_interval(values: Iterable[float], confidence: float = 0.95) -> MeanInterval:
+    """Mean, sample standard deviation and *confidence* interval of the finite *values*.
+
+    NaN values (a metric a run could not measure) are left out and not counted.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    finite = [float(v) for v in values if math.isfinite(float(v))]
+    count = len(finite)
+    if count == 0:
+        return MeanInterval(math.nan, math.nan, 0, math.nan, math.nan)
+    mean = math.fsum(finite) / count
+    if count == 1:
+        return MeanInterval(mean, math.nan, 1, math.nan, math.nan)
+    variance = math.fsum((v - mean) ** 2 for v in finite) / (count - 1)
+    std = math.sqrt(variance)
+    half = student_t_quantile(0.5 + confidence / 2.0, count - 1) * std / math.sqrt(count)
+    return MeanInterval(mean, std, count, mean - half, mean + half)
