@@ -134,7 +134,7 @@ class _Search:
         self,
         runner: Runner,
         parameter: str,
-        case: Case,
+        case: Case | None,
         targets: Mapping[str, float],
         replications: int,
         max_replications: int,
@@ -153,7 +153,9 @@ class _Search:
 
     def point(self, value: Number) -> SweepPoint:
         if value not in self.points:
-            (point,) = expand_grid({self.parameter: [value]}, [self.case])
+            (point,) = expand_grid(
+                {self.parameter: [value]}, None if self.case is None else [self.case]
+            )
             point = replace(point, index=len(self.points))
             self.runner.source.check(point)
             self.points[value] = point
@@ -240,10 +242,12 @@ def capacity_search(
     bounds give an integer search that stops at adjacent values; float bounds stop when
     the interval is at most *tolerance* wide (default: a hundredth of the range).
 
-    Each probed value runs *replications* seeded runs (seeds as in :func:`simsim.sweep`,
-    so a value probed twice, or also in a sweep, reuses its runs), more when the verdict
-    is uncertain (up to *max_replications*, default four times as many); see the module
-    docstring for the rule. *settings* are fixed dotted-key settings applied first.
+    Each probed value runs *replications* seeded runs, more when the verdict is
+    uncertain (up to *max_replications*, default four times as many); see the module
+    docstring for the rule. Seeds follow :func:`simsim.sweep`'s rule, so without
+    *settings* a probed value gets the same runs as the same value in a sweep over
+    *parameter* with the same seed (and, with the same *out* folder, reuses them).
+    *settings* are fixed dotted-key settings applied first (a case named "settings").
     *executor*, *workers*, *out* and *progress* work as in :func:`simsim.sweep`.
     """
     if find not in ("max", "min"):
@@ -279,7 +283,7 @@ def capacity_search(
         result, _ = search(
             runner,
             parameter,
-            case=Case("search", dict(settings or {})),
+            case=Case("settings", dict(settings)) if settings else None,
             low=low,
             high=high,
             integer=integer,
@@ -307,7 +311,7 @@ def search(
     runner: Runner,
     parameter: str,
     *,
-    case: Case,
+    case: Case | None,
     low: Number,
     high: Number,
     integer: bool,

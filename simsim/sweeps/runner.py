@@ -204,12 +204,21 @@ class _Store:
     def path(self, point: SweepPoint, replication: int) -> Path:
         return self.runs / f"{point.key}-{replication}.json"
 
-    def load(self, point: SweepPoint, replication: int) -> Mapping[str, float] | None:
+    def load(
+        self, point: SweepPoint, replication: int, metrics: Sequence[str]
+    ) -> Mapping[str, float] | None:
+        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet."""
         path = self.path(point, replication)
         if not path.exists():
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {str(k): float(v) for k, v in data["metrics"].items()}
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))["metrics"]
+            return {name: float(stored[name]) for name in metrics}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(
+                f"{path}: not a finished run of this sweep ({type(error).__name__}: {error}); "
+                "delete the file to run it again"
+            ) from None
 
     def save(self, record: RunRecord) -> None:
         write_json(self.path(record.point, record.replication), record.to_json())
@@ -303,7 +312,9 @@ class Runner:
         pending: list[tuple[SweepPoint, int, RunTask]] = []
         for point, replication in pairs:
             seed = run_seed(self.seed, point.key, replication)
-            stored = None if self._store is None else self._store.load(point, replication)
+            stored = (
+                None if self._store is None else self._store.load(point, replication, self.metrics)
+            )
             if stored is not None:
                 results[point.key, replication] = RunRecord(point, replication, seed, stored)
                 self.loaded += 1
