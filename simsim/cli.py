@@ -29,7 +29,7 @@ from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
-from simsim.sweeps.runner import MANIFEST
+from simsim.sweeps.runner import MANIFEST, RUNS_FOLDER, SweepFolderError
 from simsim.sweeps.spec import load_sweep, run_sweep
 from simsim.sweeps.sweep import SweepResult
 
@@ -239,6 +239,9 @@ def _sweep(args: argparse.Namespace) -> int:
             if executor is None:
                 return 2
         kind = "capacity search" if spec.capacity else "sweep"
+        finished = len(list((out / RUNS_FOLDER).glob("*.json")))
+        if finished:
+            print(f"resuming: {finished} finished runs in {out}/ are kept, not run again")
         try:
             result, capacity = run_sweep(
                 spec,
@@ -247,6 +250,16 @@ def _sweep(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 progress=ProgressBar(sys.stderr, kind),
             )
+        except SweepFolderError as error:
+            print(f"simsim: error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(
+                f"\nsimsim: interrupted; finished runs are kept in {out}/: "
+                "run the same command again to resume",
+                file=sys.stderr,
+            )
+            return 130
         except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
             print(
                 f"simsim: error: {args.sweep_file}: {type(error).__name__}: {error}",

@@ -8,6 +8,7 @@ process pool by default, or a cluster's (Dask's ``Client(...).get_executor()``).
 
 from simsim.sweeps.capacity import CapacityResult, capacity_search
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid, run_seed
+from simsim.sweeps.runner import SweepFolderError
 from simsim.sweeps.stats import MeanInterval, mean_interval, student_t_quantile
 from simsim.sweeps.sweep import SweepResult, aggregate, sweep
 
@@ -15,6 +16,7 @@ __all__ = [
     "CapacityResult",
     "Case",
     "MeanInterval",
+    "SweepFolderError",
     "SweepPoint",
     "SweepResult",
     "aggregate",

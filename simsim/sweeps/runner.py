@@ -32,6 +32,7 @@ __all__ = [
     "RunRecord",
     "Runner",
     "ScenarioSource",
+    "SweepFolderError",
     "metric_names",
     "resolve_source",
 ]
@@ -178,6 +179,10 @@ class RunRecord:
         }
 
 
+class SweepFolderError(ValueError):
+    """A results folder that cannot hold this sweep's runs (another sweep's, or damaged)."""
+
+
 class _Store:
     """A results folder: a manifest, and one JSON file per finished run."""
 
@@ -189,9 +194,11 @@ class _Store:
             try:
                 recorded = json.loads(manifest.read_text(encoding="utf-8"))
             except (OSError, ValueError) as error:
-                raise ValueError(f"{manifest}: not a readable sweep manifest ({error})") from None
+                raise SweepFolderError(
+                    f"{manifest}: not a readable sweep manifest ({error})"
+                ) from None
             if recorded.get("fingerprint") != fingerprint:
-                raise ValueError(
+                raise SweepFolderError(
                     f"{folder} holds the results of a different sweep (its base scenario, "
                     "seed, SLO targets or percentiles differ); use another output folder "
                     "or delete it"
@@ -215,7 +222,7 @@ class _Store:
             stored = json.loads(path.read_text(encoding="utf-8"))["metrics"]
             return {name: float(stored[name]) for name in metrics}
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(
+            raise SweepFolderError(
                 f"{path}: not a finished run of this sweep ({type(error).__name__}: {error}); "
                 "delete the file to run it again"
             ) from None
