@@ -196,8 +196,12 @@ def summarize(
 
 
 def percentile_label(percentile: float) -> str:
-    """The suffix :func:`summarize` uses for a percentile: ``99`` -> ``"p99"``."""
-    return f"p{float(percentile):g}"
+    """The suffix :func:`summarize` uses for a percentile: ``99`` -> ``"p99"``.
+
+    Written as Python writes the float, without a trailing ``.0``: ``99.9`` -> ``"p99.9"``.
+    """
+    text = repr(float(percentile))
+    return f"p{text.removesuffix('.0')}"
 
 
 def _check_percentiles(percentiles: Sequence[float]) -> list[float]:

@@ -38,7 +38,11 @@ __all__ = [
 ]
 
 Model = Callable[[dict[str, Any], int], pd.DataFrame]
-"""A user's own simulation: ``model(params, seed)`` returns a ``requests_frame()``."""
+"""A user's own simulation: ``model(settings, seed)`` returns a ``requests_frame()``.
+
+*settings* holds the point's dotted keys and values: its case's settings and its grid
+values (for a capacity search, also the searched parameter's value).
+"""
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -122,7 +126,7 @@ def resolve_source(scenario: str | os.PathLike[str] | Mapping[str, Any] | Model)
         )
     raise TypeError(
         "scenario must be a TOML file path, a scenario document (dict) or a model "
-        f"callable(params, seed), got {type(scenario).__name__} {scenario!r}"
+        f"callable(settings, seed), got {type(scenario).__name__} {scenario!r}"
     )
 
 
@@ -132,7 +136,6 @@ class RunTask:
 
     source: ScenarioSource
     settings: Mapping[str, Any]
-    params: Mapping[str, Any]
     seed: int
     ttft_slo_us: int | None
     tpot_slo_us: float | None
@@ -143,7 +146,7 @@ def execute(task: RunTask) -> dict[str, float]:
     """Run one replication and return its summary metrics (called in a worker)."""
     source = task.source
     if source.model is not None:
-        frame = source.model(dict(task.params), task.seed)
+        frame = source.model(dict(task.settings), task.seed)
     else:
         assert source.document is not None
         document = apply_settings(source.document, {**task.settings, "scenario.seed": task.seed})
@@ -330,7 +333,6 @@ class Runner:
             task = RunTask(
                 self.source,
                 point.settings,
-                point.params,
                 seed,
                 self.ttft_slo_us,
                 self.tpot_slo_us,

@@ -87,9 +87,14 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
     ``seed``. NaN values (a run that could not measure the metric) are left out.
     """
     metrics = [c for c in runs.columns if c not in (*by, "replication", "seed")]
+    # Group on a text form of the keys: a grid value may be a list or a table.
+    labels = [
+        json.dumps(row, sort_keys=True, default=str) for row in runs[list(by)].to_numpy().tolist()
+    ]
     rows = []
-    for keys, group in runs.groupby(list(by), sort=False, dropna=False):
-        key_values = keys if isinstance(keys, tuple) else (keys,)
+    for _, group in runs.groupby(pd.Series(labels, index=runs.index), sort=False):
+        first = group.iloc[0]
+        key_values = [first[column] for column in by]
         for metric in metrics:
             interval = mean_interval(group[metric].astype("float64"), confidence)
             rows.append(
@@ -170,7 +175,7 @@ def sweep(
     """Run every point of *grid* (crossed with *cases*) *replications* times.
 
     *scenario* is a TOML scenario file, a scenario document (the dict ``tomllib``
-    reads), or a model ``callable(params, seed) -> requests_frame``. *grid* maps dotted
+    reads), or a model ``callable(settings, seed) -> requests_frame``. *grid* maps dotted
     scenario keys (``"workload.rate_per_s"``, ``"batching.max_active_requests"``,
     ``"backend.decode_base_us"``: anything a scenario file can set) to lists of values;
     *cases* are named sets of settings applied before the grid's (e.g. one per engine).
