@@ -29,7 +29,7 @@ from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
-from simsim.sweeps.runner import MANIFEST, RUNS_FOLDER, SweepFolderError
+from simsim.sweeps.runner import MANIFEST, SweepFolderError
 from simsim.sweeps.spec import load_sweep, run_sweep
 from simsim.sweeps.sweep import SweepResult
 
@@ -47,6 +47,7 @@ class ProgressBar:
         self._delay_s = delay_s
         self._start = time.monotonic()
         self._shown = False
+        self._finished = False
         self._enabled = stream.isatty()
 
     def __call__(self, done: int, total: int) -> None:
@@ -55,8 +56,8 @@ class ProgressBar:
         elapsed = time.monotonic() - self._start
         if not self._shown and elapsed < self._delay_s and done < total:
             return
-        if not self._shown and done >= total:
-            return  # finished before it was worth showing
+        if self._finished or (not self._shown and done >= total):
+            return  # already complete, or finished before it was worth showing
         self._shown = True
         fraction = done / total if total else 1.0
         filled = int(30 * fraction)
@@ -64,6 +65,7 @@ class ProgressBar:
         self._stream.write(f"\r{self._label} [{bar}] {done}/{total} ({elapsed:.1f}s)")
         if done >= total:
             self._stream.write("\n")
+            self._finished = True
         self._stream.flush()
 
 
@@ -239,9 +241,6 @@ def _sweep(args: argparse.Namespace) -> int:
             if executor is None:
                 return 2
         kind = "capacity search" if spec.capacity else "sweep"
-        finished = len(list((out / RUNS_FOLDER).glob("*.json")))
-        if finished:
-            print(f"resuming: {finished} finished runs in {out}/ are kept, not run again")
         try:
             result, capacity = run_sweep(
                 spec,
@@ -268,6 +267,8 @@ def _sweep(args: argparse.Namespace) -> int:
             for note in getattr(error, "__notes__", []):
                 print(f"simsim: {note}", file=sys.stderr)
             return 1
+    if result.reused:
+        print(f"resumed: {result.reused} finished runs in {out}/ were kept, not run again")
     print(_sweep_report(result, capacity))
     tables = "runs.csv, summary.csv" + (", capacity.csv" if capacity is not None else "")
     print(f"results in {out}/: {tables}")

@@ -150,6 +150,12 @@ class _Search:
         self.records: dict[tuple[str, int], RunRecord] = {}
         self.rows: list[dict[str, Any]] = []
         self.points: dict[Number, SweepPoint] = {}
+        self.estimate = 0  # runs expected but not yet asked for (for progress)
+
+    def expect(self, probes: int) -> None:
+        """Tell progress about the runs *probes* probed values will take, at least."""
+        self.estimate = probes * self.replications
+        self.runner.expect(self.estimate, open_ended=True)
 
     def point(self, value: Number) -> SweepPoint:
         if value not in self.points:
@@ -168,7 +174,8 @@ class _Search:
             for r in range(count)
             if (self.point(v).key, r) not in self.records
         ]
-        self.runner.expect(len(pairs))
+        self.runner.expect(max(0, len(pairs) - self.estimate))
+        self.estimate = max(0, self.estimate - len(pairs))
         for record in self.runner.run(pairs):
             self.records[record.point.key, record.replication] = record
 
@@ -294,6 +301,7 @@ def capacity_search(
             max_replications=max_replications,
             confidence=confidence,
         )
+        runner.finish()
     return result
 
 
@@ -327,6 +335,7 @@ def search(
     Returns the result and the records of every run it used, in probing order.
     """
     state = _Search(runner, parameter, case, targets, replications, max_replications, confidence)
+    state.expect(2 + max(0, math.ceil(math.log2(max(1.0, abs(high - low) / tolerance)))))
     # "easy" is the end of the range where targets are easiest to meet.
     easy, hard = (low, high) if find == "max" else (high, low)
     easy_meets, hard_meets = state.judge([easy, hard])

@@ -207,6 +207,11 @@ class _Store:
                     "or delete it"
                 )
         else:
+            if folder.exists() and any(folder.iterdir()):
+                raise SweepFolderError(
+                    f"{folder} is not empty and holds no sweep (no {MANIFEST}); "
+                    "use a new or empty output folder"
+                )
             folder.mkdir(parents=True, exist_ok=True)
             write_json(manifest, {"format": _FORMAT, "fingerprint": fingerprint})
         self.runs.mkdir(exist_ok=True)
@@ -289,6 +294,7 @@ class Runner:
         self.done = 0
         self.total = 0
         self.loaded = 0
+        self._open_ended = False
 
     def fingerprint(self) -> str:
         """A hash of what every run of this sweep shares: source, seed and SLO targets."""
@@ -307,14 +313,26 @@ class Runner:
         """The results folder, if any."""
         return None if self._store is None else self._store.folder
 
-    def expect(self, count: int) -> None:
-        """Add *count* runs to the total that progress reports count towards."""
+    def expect(self, count: int, *, open_ended: bool = False) -> None:
+        """Add *count* runs to the total that progress reports count towards.
+
+        With *open_ended* (a search, whose run count is only an estimate), progress
+        never reports completion until :meth:`finish`.
+        """
         self.total += count
+        self._open_ended = self._open_ended or open_ended
+        self._report()
+
+    def finish(self) -> None:
+        """Report completion: every run that was needed is done."""
+        self._open_ended = False
+        self.total = self.done
         self._report()
 
     def _report(self) -> None:
         if self._progress is not None:
-            self._progress(self.done, max(self.total, self.done))
+            total = max(self.total, self.done + 1 if self._open_ended else self.done)
+            self._progress(self.done, total)
 
     def run(self, pairs: Sequence[tuple[SweepPoint, int]]) -> list[RunRecord]:
         """Run every (point, replication) pair not already in the folder; in input order."""

@@ -124,7 +124,10 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
         scenario_path = Path(check.string(head, "scenario", "sweep"))
         if not scenario_path.is_absolute():
             scenario_path = path.parent / scenario_path
-        scenario_source = resolve_source(scenario_path)
+        try:
+            scenario_source = resolve_source(scenario_path)
+        except ScenarioError as error:
+            raise check.fail("sweep.scenario", str(error)) from None
     else:
         base = check.table(data, "base", "base")
         scenario_source = ScenarioSource(base, str(path.parent.resolve()), f"{source} [base]")
@@ -326,10 +329,18 @@ def run_sweep(
             records.extend(
                 replace(r, point=replace(r.point, index=r.point.index + offset)) for r in runs
             )
+        runner.finish()
         folder = runner.folder
+        reused = runner.loaded
     points = points_of(records)
     result = make_result(
-        records, points, (capacity.parameter,), spec.confidence, spec.replications, spec.seed
+        records,
+        points,
+        (capacity.parameter,),
+        spec.confidence,
+        spec.replications,
+        spec.seed,
+        reused=reused,
     )
     table = capacity_frame(searches, [c.name for c in configurations])
     if folder is not None:

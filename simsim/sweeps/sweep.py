@@ -40,7 +40,8 @@ class SweepResult:
     ``seed``, then every metric of :func:`simsim.summarize`. ``summary`` has one row per
     (point, metric): the point's columns, then ``metric, mean, std, count, ci_low,
     ci_high`` (a two-sided Student-t interval at ``confidence`` over the replications).
-    ``load`` names the axis that plots put on the x axis.
+    ``load`` names the axis that plots put on the x axis. ``reused`` counts the runs
+    loaded from the results folder instead of being run.
     """
 
     runs: pd.DataFrame
@@ -51,6 +52,7 @@ class SweepResult:
     confidence: float
     replications: int
     seed: int
+    reused: int = 0
 
 
 def point_columns(points: Sequence[SweepPoint], axes: Sequence[str]) -> list[str]:
@@ -252,7 +254,16 @@ def run_grid(
     ) as runner:
         runner.expect(len(pairs))
         records = runner.run(pairs)
-    result = make_result(records, points, axes, confidence, replications, runner.seed, load=load)
+    result = make_result(
+        records,
+        points,
+        axes,
+        confidence,
+        replications,
+        runner.seed,
+        load=load,
+        reused=runner.loaded,
+    )
     if runner.folder is not None:
         write_tables(result, runner.folder)
     return result
@@ -267,6 +278,7 @@ def make_result(
     seed: int,
     *,
     load: str | None = None,
+    reused: int = 0,
 ) -> SweepResult:
     """Tidy and aggregated tables of *records*, packed as a :class:`SweepResult`."""
     runs = runs_frame(records, axes)
@@ -279,6 +291,7 @@ def make_result(
         confidence=confidence,
         replications=replications,
         seed=seed,
+        reused=reused,
     )
 
 
