@@ -137,3 +137,13 @@ def test_batching_beats_the_single_slot_under_load(tmp_path: Path) -> None:
     assert single.loc[8.0, "tokens_per_s"] == pytest.approx(single.loc[2.0, "tokens_per_s"], 0.01)
     assert batching.loc[8.0, "tokens_per_s"] > 5 * single.loc[8.0, "tokens_per_s"]
     assert (batching["e2e_p90_ms"] <= single["e2e_p90_ms"]).all()
+
+
+def test_capacity_planning_brackets_the_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    found = load("capacity_planning").main(workers=2)
+    low, high = found.interval
+    assert found.status == "found" and found.value == low
+    assert high - low <= 0.25
+    verdicts = dict(zip(found.evaluations["value"], found.evaluations["verdict"], strict=True))
+    assert verdicts[low] == "meets" and verdicts[high] != "meets"
+    assert "Capacity:" in capsys.readouterr().out
