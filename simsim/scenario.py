@@ -52,6 +52,7 @@ __all__ = [
     "default_scenario",
     "load_scenario",
     "parse_scenario",
+    "read_toml",
     "read_trace_csv",
     "run_scenario",
 ]
@@ -253,17 +254,21 @@ _CANCELLATION_KEYS = ("time_us", "request_id")
 def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
     """Read and validate a TOML scenario file; *seed* overrides the file's seed."""
     path = Path(path)
+    scenario = parse_scenario(read_toml(path), source=str(path), base_dir=path.parent)
+    return scenario if seed is None else scenario.with_seed(seed)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a missing file or bad TOML is a :class:`ScenarioError`."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ScenarioError(source, "", f"cannot read the file ({error.strerror})") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ScenarioError(source, "", f"not valid TOML: {error}") from None
-    scenario = parse_scenario(data, source=source, base_dir=path.parent)
-    return scenario if seed is None else scenario.with_seed(seed)
 
 
 def parse_scenario(

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
-from simsim.scenario import ScenarioError, parse_scenario, run_scenario
+from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
 from simsim.workloads import check_seed
 
@@ -111,13 +110,7 @@ def resolve_source(scenario: str | os.PathLike[str] | Mapping[str, Any] | Model)
     """
     if isinstance(scenario, str | os.PathLike):
         path = Path(scenario)
-        try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as error:
-            raise ScenarioError(str(path), "", f"cannot read the file ({error.strerror})") from None
-        except tomllib.TOMLDecodeError as error:
-            raise ScenarioError(str(path), "", f"not valid TOML: {error}") from None
-        return ScenarioSource(document, str(path.parent.resolve()), str(path))
+        return ScenarioSource(read_toml(path), str(path.parent.resolve()), str(path))
     if isinstance(scenario, Mapping):
         return ScenarioSource(dict(scenario), str(Path.cwd()), "<sweep scenario>")
     if callable(scenario):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES
-from simsim.scenario import ScenarioError, TomlChecker
+from simsim.scenario import ScenarioError, TomlChecker, read_toml
 from simsim.sweeps.capacity import (
     CapacityResult,
     check_tolerance,
@@ -104,12 +103,7 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
     """Read and validate a sweep file, including every point's scenario."""
     path = Path(path)
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ScenarioError(source, "", f"cannot read the file ({error.strerror})") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ScenarioError(source, "", f"not valid TOML: {error}") from None
+    data = read_toml(path)
     check = TomlChecker(source)
     check.keys(data, _TOP_KEYS, "")
     head = check.table(data, "sweep", "sweep")
