@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -513,14 +513,21 @@ def plot_results(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
     needed table is missing.
     """
     results = ResultsFolder(Path(results_dir))
-    target = Path(results_dir) if out_dir is None else Path(out_dir)
+    figures = ((spec.filename, functools.partial(spec.draw, results)) for spec in FIGURES)
+    return _save_figures(figures, Path(results_dir) if out_dir is None else Path(out_dir))
+
+
+def _save_figures(
+    figures: Iterable[tuple[str, Callable[[], Figure | None]]], target: Path
+) -> list[Path]:
+    """Draw each (file name, draw) pair into *target*; a draw returning ``None`` is skipped."""
     target.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for spec in FIGURES:
-        fig = spec.draw(results)
+    for filename, draw in figures:
+        fig = draw()
         if fig is None:
             continue
-        path = target / spec.filename
+        path = target / filename
         try:
             fig.savefig(path, dpi=_DPI)
         finally:
@@ -685,21 +692,11 @@ def plot_sweep(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
     confidence interval of the mean over replications shaded.
     """
     folder = SweepFolder.read(Path(results_dir))
-    target = Path(results_dir) if out_dir is None else Path(out_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, draw in (
-        ("sweep_latency.png", draw_sweep_latency),
-        ("sweep_throughput.png", draw_sweep_throughput),
-    ):
-        fig = draw(folder)
-        path = target / name
-        try:
-            fig.savefig(path, dpi=_DPI)
-        finally:
-            plt.close(fig)
-        written.append(path)
-    return written
+    figures = (
+        ("sweep_latency.png", functools.partial(draw_sweep_latency, folder)),
+        ("sweep_throughput.png", functools.partial(draw_sweep_throughput, folder)),
+    )
+    return _save_figures(figures, Path(results_dir) if out_dir is None else Path(out_dir))
 
 
 # ---------------------------------------------------------------------- helpers
