@@ -104,7 +104,56 @@ class Request:
     # The engine's event object for this request, reused from step to step.
     _event: Any = field(default=None, init=False, repr=False, compare=False)
 
+    # Written out instead of generated (dataclass keeps a class's own __init__) so that
+    # a new request of plain ints is checked on the arguments, in one expression,
+    # without a __post_init__ call: submitters create one Request per request.
+    def __init__(
+        self,
+        request_id: int,
+        arrival_time_us: int,
+        prompt_token_count: int,
+        max_output_tokens: int,
+        state: RequestState = RequestState.WAITING,
+        generated_token_count: int = 0,
+        admit_time_us: int | None = None,
+        prefill_end_time_us: int | None = None,
+        first_token_time_us: int | None = None,
+        finish_time_us: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_time_us = arrival_time_us
+        self.prompt_token_count = prompt_token_count
+        self.max_output_tokens = max_output_tokens
+        self.state = state
+        self.generated_token_count = generated_token_count
+        self.admit_time_us = admit_time_us
+        self.prefill_end_time_us = prefill_end_time_us
+        self.first_token_time_us = first_token_time_us
+        self.finish_time_us = finish_time_us
+        self._pending = None
+        self._event = None
+        if (
+            type(request_id) is type(arrival_time_us) is int
+            and type(prompt_token_count) is type(max_output_tokens) is int
+        ):
+            # Ints are all in 0 .. 2**63 - 1 exactly when their bitwise OR is (a negative
+            # one makes the OR negative, one past the range makes it past the range).
+            bits = request_id | arrival_time_us | prompt_token_count | max_output_tokens
+        else:
+            bits = -1
+        if not (
+            0 <= bits <= MAX_TIME_US
+            and state is _W
+            and type(generated_token_count) is int
+            and generated_token_count == 0
+            and admit_time_us is prefill_end_time_us is first_token_time_us is None
+            and finish_time_us is None
+        ):
+            self._validate_fields()
+
     def __post_init__(self) -> None:
+        # Only a dataclass subclass's generated __init__ calls this; Request's own
+        # __init__ checks its arguments itself.
         self.validate()
 
     def validate(self) -> None:
@@ -122,22 +171,20 @@ class Request:
         The common case, checked in one expression; :meth:`validate` does the full work
         only when this is ``False``.
         """
+        rid = self.request_id
+        arrival = self.arrival_time_us
+        prompt = self.prompt_token_count
+        limit = self.max_output_tokens
+        tokens = self.generated_token_count
         return (
-            type(self.request_id) is int
-            and type(self.arrival_time_us) is int
-            and type(self.prompt_token_count) is int
-            and type(self.max_output_tokens) is int
-            and 0 <= self.request_id <= MAX_TIME_US
-            and 0 <= self.arrival_time_us <= MAX_TIME_US
-            and 0 <= self.prompt_token_count <= MAX_TIME_US
-            and 0 <= self.max_output_tokens <= MAX_TIME_US
-            and self.state is RequestState.WAITING
-            and self.generated_token_count == 0
-            and type(self.generated_token_count) is int
-            and self.admit_time_us is None
-            and self.prefill_end_time_us is None
-            and self.first_token_time_us is None
-            and self.finish_time_us is None
+            type(rid) is type(arrival) is int
+            and type(prompt) is type(limit) is int
+            and 0 <= rid | arrival | prompt | limit <= MAX_TIME_US
+            and self.state is _W
+            and type(tokens) is int
+            and tokens == 0
+            and self.admit_time_us is self.prefill_end_time_us is None
+            and self.first_token_time_us is self.finish_time_us is None
         )
 
     def _validate_fields(self) -> None:

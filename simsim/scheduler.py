@@ -11,8 +11,8 @@ is not the head, is refused with :class:`~simsim.errors.StaleDecisionError`.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Protocol, runtime_checkable
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
@@ -36,8 +36,38 @@ class QueuedRequest:
     prompt_token_count: int
     max_output_tokens: int
 
+    # Written out (dataclass keeps a class's own __init__): one is made per arrival, and
+    # a frozen dataclass's generated __init__ is slow (object.__setattr__ per field,
+    # then __post_init__). Checked like Request's fields, so user-built records obey
+    # the same rules.
+    def __init__(
+        self,
+        request_id: int,
+        arrival_time_us: int,
+        prompt_token_count: int,
+        max_output_tokens: int,
+    ) -> None:
+        if (
+            type(request_id) is type(arrival_time_us) is int
+            and type(prompt_token_count) is type(max_output_tokens) is int
+        ):
+            # All in 0 .. 2**63 - 1 exactly when their bitwise OR is.
+            bits = request_id | arrival_time_us | prompt_token_count | max_output_tokens
+        else:
+            bits = -1
+        if not 0 <= bits <= MAX_TIME_US:
+            request_id = check_count(request_id, "request_id")
+            arrival_time_us = check_time_us(arrival_time_us, "arrival_time_us")
+            prompt_token_count = check_count(prompt_token_count, "prompt_token_count")
+            max_output_tokens = check_count(max_output_tokens, "max_output_tokens")
+        _set_request_id(self, request_id)
+        _set_arrival_time_us(self, arrival_time_us)
+        _set_prompt_token_count(self, prompt_token_count)
+        _set_max_output_tokens(self, max_output_tokens)
+
     def __post_init__(self) -> None:
-        # Checked like Request's fields, so user-built records obey the same rules.
+        # Only a dataclass subclass's generated __init__ calls this; the check is the
+        # one __init__ makes.
         if (
             type(self.request_id) is int
             and type(self.arrival_time_us) is int
@@ -58,12 +88,28 @@ class QueuedRequest:
             object.__setattr__(self, name, check(getattr(self, name), name))
 
 
+# The slots' own setters: the fastest way for a frozen record's __init__ to fill it.
+_set_request_id = vars(QueuedRequest)["request_id"].__set__
+_set_arrival_time_us = vars(QueuedRequest)["arrival_time_us"].__set__
+_set_prompt_token_count = vars(QueuedRequest)["prompt_token_count"].__set__
+_set_max_output_tokens = vars(QueuedRequest)["max_output_tokens"].__set__
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:
     """A scheduler's proposal: admit *request_id*, valid only while the epoch is *epoch*."""
 
     request_id: int
     epoch: int
+
+    # Written out, as QueuedRequest's: one is made per admission.
+    def __init__(self, request_id: int, epoch: int) -> None:
+        _set_decision_request_id(self, request_id)
+        _set_decision_epoch(self, epoch)
+
+
+_set_decision_request_id = vars(AdmissionDecision)["request_id"].__set__
+_set_decision_epoch = vars(AdmissionDecision)["epoch"].__set__
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,15 +227,16 @@ class FcfsScheduler:
         if not isinstance(item, QueuedRequest):
             raise TypeError(f"enqueue takes a QueuedRequest, got {type(item).__name__}")
         rid = item.request_id
-        if rid in self._live:
+        live = self._live
+        if rid in live:
             raise ValueError(f"request {rid} is already queued")
         # The enqueue counter breaks ties with a stale entry of the same id.
-        heapq.heappush(self._heap, (item.arrival_time_us, rid, self._enqueued, item))
-        self._live[rid] = item
+        heappush(self._heap, (item.arrival_time_us, rid, self._enqueued, item))
+        live[rid] = item
         self._epoch += 1
         self._enqueued += 1
-        if len(self._live) > self._max_queue_length:
-            self._max_queue_length = len(self._live)
+        if len(live) > self._max_queue_length:
+            self._max_queue_length = len(live)
 
     def remove(self, request_id: int) -> None:
         """Take a queued request out; raises :class:`UnknownRequestError` if it is not queued."""
@@ -230,7 +277,7 @@ class FcfsScheduler:
             raise StaleDecisionError(
                 f"request {decision.request_id} is not the head of the queue (head: {head})"
             )
-        _, rid, _, item = heapq.heappop(heap)
+        _, rid, _, item = heappop(heap)
         live = self._live
         del live[rid]
         if heap and live.get(heap[0][1]) is not heap[0][3]:
@@ -243,7 +290,7 @@ class FcfsScheduler:
         # Keep the invariant "the heap's top is live" so decide() stays a pure read.
         heap, live = self._heap, self._live
         while heap and live.get(heap[0][1]) is not heap[0][3]:
-            heapq.heappop(heap)
+            heappop(heap)
 
 
 def _fcfs_key(item: QueuedRequest) -> tuple[int, int]:
