@@ -41,6 +41,9 @@ __all__ = [
 MAX_TIME_US = 2**63 - 1
 """The largest timestamp or duration simsim represents (signed 64-bit)."""
 
+# Events processed per call of Environment._drain_some (see there).
+_DRAIN_CHUNK = 64
+
 BOUNDARY = EventPriority(2)
 """Heap priority of a timestamp-boundary event: it runs after every URGENT and NORMAL
 event at the same time, including ones scheduled while that time is being processed."""
@@ -244,9 +247,18 @@ class Environment(simpy.Environment):
         """Process events until the heap is empty: ``step()`` in a loop, without the
         per-call overhead (this is where a long run spends its time)."""
         queue = self._queue
-        process = self._process
+        drain_some = self._drain_some
         while queue:
-            self._now, _, _, event = heappop(queue)  # type: ignore[assignment]
+            drain_some(queue, _DRAIN_CHUNK)
+
+    def _drain_some(self, queue: list[tuple[Any, EventPriority, int, Event]], count: int) -> None:
+        # The loop lives in a function called once per *count* events, not once per
+        # run: CPython 3.11 specializes a function's bytecode only from its 8th call on,
+        # so this loop runs specialized early in the first run of a process too.
+        process = self._process
+        while queue and count:
+            count -= 1
+            self._now, _, _, event = heappop(queue)
             callbacks = event.callbacks
             if len(callbacks) == 1 and event._ok:
                 # The common case, inlined: one callback on a successful event.
