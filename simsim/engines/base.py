@@ -2,26 +2,28 @@
 
 A server runs on a :class:`~simsim.clock.Environment` and keeps all of its pending
 work in SimPy's own heap as :class:`LifecycleEvent` objects, one outstanding event per
-request at most. Admission happens at *timestamp boundaries*: a :data:`BOUNDARY`-
-priority event, scheduled once per timestamp when first needed, runs after every
-other event of that timestamp and asks the scheduler for the next request. Concrete
-servers (the single slot, the batching server) supply what happens on each event and
-at each boundary.
+request at most (arrivals submitted ahead of time wait, already numbered, in a
+:class:`~simsim.engines.arrivals.PendingArrivals` until they are due). Admission
+happens at *timestamp boundaries*: a :data:`BOUNDARY`-priority event, scheduled once
+per timestamp when first needed, runs after every other event of that timestamp and
+asks the scheduler for the next request. Concrete servers (the single slot, the
+batching server) supply what happens on each event and at each boundary.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from heapq import heappush
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import simpy
-from simpy.events import NORMAL, PENDING, Event
+from simpy.events import PENDING, Event
 
 from simsim.backend import Backend
 from simsim.clock import BOUNDARY, MAX_TIME_US, Environment, check_count
+from simsim.engines.arrivals import PendingArrivals
+from simsim.engines.events import LifecycleEvent
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -59,65 +61,6 @@ __all__ = [
 _ARRIVAL = EventType.REQUEST_ARRIVAL
 
 _SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
-
-
-class LifecycleEvent:
-    """An engine's own event in SimPy's heap, bound to one request and one event type.
-
-    It is created already triggered; *sequence* is its heap sequence number, which
-    also becomes the sequence of its log record. It has just what SimPy's event loop
-    reads (``callbacks``, ``_ok``, ``_value``) and no ``__dict__``: with one such event
-    pending per submitted request, a lean object keeps Python's garbage collector
-    cheap. Its *callbacks* is a tuple the engine shares between all its events of a
-    kind. Only engines see these events; user code never yields them.
-    """
-
-    __slots__ = ("_ok", "_value", "callbacks", "env", "event_type", "request", "sequence")
-
-    def __init__(
-        self,
-        env: Environment,
-        callbacks: tuple[Any, ...],
-        request: Request,
-        event_type: EventType,
-        at_us: int,
-    ) -> None:
-        self.env = env
-        self.callbacks: tuple[Any, ...] | None = callbacks
-        self._ok = True
-        self._value = None
-        self.request = request
-        self.event_type = event_type
-        if at_us > MAX_TIME_US:
-            raise OverflowError(
-                f"request {request.request_id}: an event at {at_us} us would be past the "
-                "64-bit limit 2**63 - 1"
-            )
-        # env.schedule_at, inlined: this runs once per submitted request.
-        self.sequence = sequence = next(env._eid)
-        heappush(env._queue, (at_us, NORMAL, sequence, self))  # type: ignore[misc]
-
-    def requeue(self, callbacks: tuple[Any, ...], event_type: EventType, at_us: int) -> int:
-        """Schedule this processed event again as the request's next one.
-
-        Reusing the object keeps a request's chain of steps to one allocation. Returns
-        the sequence number it had, which is the one its log record carries.
-        """
-        if at_us > MAX_TIME_US:
-            raise OverflowError(
-                f"request {self.request.request_id}: an event at {at_us} us would be past "
-                "the 64-bit limit 2**63 - 1"
-            )
-        env = self.env
-        processed = self.sequence
-        self.sequence = sequence = next(env._eid)
-        heappush(env._queue, (at_us, NORMAL, sequence, self))  # type: ignore[misc]
-        self.callbacks = callbacks
-        self.event_type = event_type
-        return processed
-
-    def __repr__(self) -> str:
-        return f"<{self.event_type.name}(request {self.request.request_id}) #{self.sequence}>"
 
 
 def check_duration_us(value: object, what: str, request_id: int) -> int:
@@ -184,12 +127,14 @@ class EngineBase:
         self._processed_event_count = 0
         self._ignored_cancelled_event_count = 0
         # request id -> the one event a cancellation allowed to be consumed silently
-        self._authorized: dict[int, LifecycleEvent] = {}
+        # (arrivals.HELD for an arrival not in the heap yet: see PendingArrivals)
+        self._authorized: dict[int, object] = {}
         self._completions: dict[int, Event] = {}
         self._boundary_pending = False
         self._boundary_fired = False
         # Callback tuples shared by all of this engine's events of a kind.
         self._arrival_callbacks = (self._on_arrival,)
+        self._arrivals = PendingArrivals(env, self._arrival_callbacks, self._authorized)
 
     # ------------------------------------------------------------------ accessors
 
@@ -291,7 +236,8 @@ class EngineBase:
         (``TypeError`` for a non-:class:`Request`) and nothing changes. Returns the same
         object, which the engine updates from now on.
         """
-        self._check_alive()
+        if self._failure is not None:
+            self._check_alive()
         if not isinstance(request, Request):
             raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
         fresh = request.is_fresh()
@@ -317,13 +263,8 @@ class EngineBase:
                 f"time {now} us"
             )
         self._check_admissible(request)
-        request._pending = request._event = LifecycleEvent(
-            self._env,
-            self._arrival_callbacks,
-            request,
-            EventType.REQUEST_ARRIVAL,
-            request.arrival_time_us,
-        )
+        # Its arrival is numbered now, as if it entered SimPy's heap now.
+        self._arrivals.add(request)
         self._requests[rid] = request
         return request
 
@@ -380,7 +321,8 @@ class EngineBase:
         now = self._env._now
         pending = request._pending
         if state is RequestState.WAITING and pending is not None:
-            # Not arrived yet: its arrival event will come up and be ignored.
+            # Not arrived yet: its arrival event will come up and be ignored (for an
+            # arrival still held back, the event it gets when it enters the heap).
             request.transition_to(RequestState.CANCELLED, now)
             self._authorize(request, pending)
         elif state is RequestState.WAITING or state is RequestState.PREEMPTED:
@@ -421,14 +363,28 @@ class EngineBase:
     def _on_arrival(self, event: LifecycleEvent) -> None:
         """The request joins the scheduler's queue; an idle server fills its slot."""
         try:
+            # First: whatever follows, the next held arrival must be in the heap.
+            self._arrivals.popped()
             request = event.request
             if request._pending is not event:
                 self._ignore_or_fail(event)
                 return
             request._pending = None
-            self._scheduler.enqueue(queued_request(request))
+            rid = request.request_id
+            self._scheduler.enqueue(
+                QueuedRequest(
+                    rid,
+                    request.arrival_time_us,
+                    request.prompt_token_count,
+                    request.max_output_tokens,
+                )
+            )
             self._processed_event_count += 1
-            self._event_log.append(self._env._now, event.sequence, _ARRIVAL, request.request_id)
+            log = self._event_log
+            log.timestamps.append(self._env._now)
+            log.sequences.append(event.sequence)
+            log.types.append(_ARRIVAL)
+            log.request_ids.append(rid)
             if self._is_idle():
                 self._fill_free_slot()
         except BaseException as error:
@@ -468,7 +424,7 @@ class EngineBase:
         if self._failure is None:
             self._failure = error
 
-    def _authorize(self, request: Request, pending: LifecycleEvent) -> None:
+    def _authorize(self, request: Request, pending: object) -> None:
         # Exactly this one event may later be consumed without effect.
         self._authorized[request.request_id] = pending
         request._pending = request._event = None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from simsim.backend import Backend
 from simsim.clock import Environment
-from simsim.engines.base import LifecycleEvent
+from simsim.engines.base import LifecycleEvent, check_duration_us
 from simsim.engines.single_slot import SimulationEngine
 from simsim.records import EventType
 from simsim.request import Request, RequestState
@@ -133,7 +133,17 @@ class FastSimulationEngine(SimulationEngine):
             # A zero-cost prefill at the admission's own time is work the full engine
             # leaves for the next step; a real event keeps that visible here too.
             return self._prefill_callbacks, _PREFILL, now
-        return self._plan_decode(request, now + prefill_us)
+        # _plan_decode(request, now + prefill_us), inlined: this runs once per admission.
+        prefill_end = now + prefill_us
+        tokens = request.max_output_tokens
+        step = 0
+        if tokens > 0:
+            step = self._backend.decode_step_us(1)
+            if type(step) is not int or step < 0:
+                step = check_duration_us(step, "decode_step_us", request.request_id)
+        self._prefill_end_us = prefill_end
+        self._step_us = step
+        return self._done_callbacks, _COMPLETE, prefill_end + step * tokens
 
     def _plan_decode(
         self, request: Request, prefill_end: int

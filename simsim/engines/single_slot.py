@@ -172,7 +172,11 @@ class SimulationEngine(EngineBase):
         request._pending = request._event = None
         self._active = None
         self._processed_event_count += 1
-        self._event_log.append(now, sequence, _COMPLETE, request.request_id)
+        log = self._event_log
+        log.timestamps.append(now)
+        log.sequences.append(sequence)
+        log.types.append(_COMPLETE)
+        log.request_ids.append(request.request_id)
         if self._completions:
             self._notify_terminal(request)
         if len(self._scheduler):
