@@ -82,10 +82,6 @@ class SweepSpec:
     load: str | None
     capacity: CapacitySpec | None
 
-    def run_count(self) -> int:
-        """How many runs a plain sweep makes (a capacity search's count is not known)."""
-        return len(expand_grid(self.grid, self.cases)) * self.replications
-
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested tables to dotted keys: ``{workload = {rate_per_s = [..]}}`` -> one key."""
