@@ -995,3 +995,27 @@ def test_the_capacity_progress_bar_stays_on_one_line(
 ) -> None:
     _, _, text = slots_capacity
     assert text.count("\n") == 1
+
+
+def test_without_dask_the_core_works_and_dask_asks_for_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The core never imports Dask: a fresh interpreter imports simsim and runs a sweep
+    # without loading it.
+    code = (
+        "import sys, simsim, simsim.cli, simsim.sweeps\n"
+        "r = simsim.sweep({'workload': {'count': 20, 'rate_per_s': 1.0,"
+        " 'prompt_tokens': [16, 64], 'output_tokens': [1, 8]}},"
+        " {'workload.rate_per_s': [1.0]}, replications=2, workers=1)\n"
+        "assert len(r.runs) == 2\n"
+        "assert 'distributed' not in sys.modules and 'dask' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    # --dask without the package: exit 2 and the install hint, nothing run.
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    path = write(tmp_path, SMALL)
+    out = tmp_path / "out"
+    status, _, err = cli_run(capsys, "sweep", str(path), "--out", str(out), "--dask", "local")
+    assert status == 2
+    assert "pip install 'simsim[dask]'" in err
+    assert not out.exists()
