@@ -223,6 +223,10 @@ def test_workers_and_dask_together_are_refused(
 # ================================================================ kill and resume
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_runs(process: subprocess.Popen[str], out: Path, count: int) -> None:
     """Wait until *count* runs are on disk, while *process* is still running."""
     deadline = time.monotonic() + 60
@@ -288,6 +292,9 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A shell without job control starts background jobs with SIGINT ignored, and
+        # Python then never installs its Ctrl-C handler: give the sweep a terminal's.
+        preexec_fn=_default_sigint,
     )
     try:
         wait_for_runs(interrupted, out, len(first) + 5)
