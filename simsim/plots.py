@@ -48,6 +48,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from simsim.results import REQUEST_COLUMNS, requests_frame
+from simsim.sweeps.runner import MANIFEST
+from simsim.sweeps.sweep import SUMMARY_FILE
 
 __all__ = [
     "FIGURES",
@@ -564,8 +566,8 @@ class SweepFolder:
     @classmethod
     def read(cls, path: Path) -> SweepFolder:
         """Read ``sweep.json`` and ``summary.csv``; errors name the folder and the file."""
-        manifest_path = path / "sweep.json"
-        summary_path = path / "summary.csv"
+        manifest_path = path / MANIFEST
+        summary_path = path / SUMMARY_FILE
         for needed in (manifest_path, summary_path):
             if not needed.exists():
                 raise FileNotFoundError(

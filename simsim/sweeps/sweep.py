@@ -27,6 +27,12 @@ from simsim.sweeps.stats import mean_interval
 
 __all__ = ["SUMMARY_COLUMNS", "SweepResult", "aggregate", "runs_frame", "sweep"]
 
+RUNS_FILE = "runs.csv"
+"""Where a results folder keeps :attr:`SweepResult.runs`."""
+
+SUMMARY_FILE = "summary.csv"
+"""Where a results folder keeps :attr:`SweepResult.summary`."""
+
 SUMMARY_COLUMNS = ("metric", "mean", "std", "count", "ci_low", "ci_high")
 """The columns :func:`aggregate` adds after the point's own columns."""
 
@@ -297,8 +303,8 @@ def make_result(
 
 def write_tables(result: SweepResult, folder: Path) -> None:
     """Write ``runs.csv``, ``summary.csv`` and the manifest's description of the sweep."""
-    result.runs.to_csv(folder / "runs.csv", index=False)
-    result.summary.to_csv(folder / "summary.csv", index=False)
+    result.runs.to_csv(folder / RUNS_FILE, index=False)
+    result.summary.to_csv(folder / SUMMARY_FILE, index=False)
     manifest_path = folder / MANIFEST
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     manifest.update(
