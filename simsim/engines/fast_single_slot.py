@@ -13,6 +13,10 @@ the end of every :meth:`~FastSimulationEngine.run_next_timestamp` and
 result frames, and when the request is cancelled. When nothing else happens at a
 timestamp, the free slot is filled directly instead of through a boundary event.
 
+Cancellations between timestamps give the full engine's request table and admission
+log, also right after ``env.run(until=T)`` stopped the clock where a skipped step ends
+at ``T`` (see :meth:`FastSimulationEngine._skipped_step_due_now`).
+
 What differs from the full engine, by design:
 
 * the event log holds only ``REQUEST_ARRIVAL`` and ``REQUEST_COMPLETE`` records (the
@@ -21,7 +25,9 @@ What differs from the full engine, by design:
   per request, not once per token;
 * a cancellation from *inside* the simulation at the very microsecond a skipped step
   ends counts that step (work ending at or before the cancellation's microsecond has
-  happened); the full engine counts it only if the step's event came first in the heap;
+  happened); the full engine counts it only if the step's event came first in the heap.
+  At the last step's microsecond the request may already be ``FINISHED`` here while
+  the full engine cancels it (``docs/semantics.md`` has the example);
 * a ``Request`` object a SimPy process holds is brought up to date only through the
   engine (``engine.requests``, stepping with ``run_next_timestamp()``), not while
   ``env.run()`` is driving.
@@ -210,4 +216,35 @@ class FastSimulationEngine(SimulationEngine):
 
     def _cancel_active(self, request: Request, now: int) -> None:
         self._catch_up()
+        if len(self._scheduler) and self._skipped_step_due_now():
+            # The full engine still has this request's event at now in the heap, so
+            # the freed slot waits for the boundary at now: do the same.
+            self._request_boundary()
         super()._cancel_active(request, now)
+
+    def _skipped_step_due_now(self) -> bool:
+        """Whether a step of the active request that this engine skips ends at ``now``
+        and has not happened yet (``run(until=now)`` stopped the clock before it).
+
+        The full engine has an event for that step in the heap at ``now``; a
+        cancellation between timestamps then leaves admission to the boundary at
+        ``now`` instead of admitting at once.
+        """
+        env = self._env
+        request = self._active
+        if request is None or not env.stopped_before_now:
+            return False
+        pending = request._pending
+        if pending is None or pending.event_type is _PREFILL:
+            return False  # the prefill's own event is real (zero cost): in the heap
+        since_prefill_end = env._now - self._prefill_end_us
+        if since_prefill_end < 0:
+            return False
+        if since_prefill_end == 0:
+            return True  # the full engine's PREFILL_COMPLETE
+        step = self._step_us
+        return (
+            step > 0
+            and since_prefill_end % step == 0
+            and since_prefill_end // step <= request.max_output_tokens
+        )

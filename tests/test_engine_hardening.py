@@ -1,0 +1,141 @@
+"""Engine defects found by randomized probes, each pinned by a test that failed before its fix.
+
+* The fast single slot admitted a queued request at once after a cancellation made
+  right after ``env.run(until=T)`` stopped the clock at a time T where the full engine
+  still had the cancelled request's step event pending (issue 12, point 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pandas as pd
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simsim
+
+# Costs on a 10 us grid, so that stop times often fall exactly on a step's end.
+GRID_CONFIG = simsim.SimulatedBackendConfig(
+    prefill_base_us=100,
+    prefill_per_token_us=0,
+    prefill_per_active_sequence_us=0,
+    decode_base_us=10,
+    decode_per_active_sequence_us=0,
+)
+
+Workload = list[tuple[int, int, int]]  # (arrival, prompt, output), ids in list order
+Plan = list[tuple[int, list[int]]]  # (stop time, request ids cancelled there in order)
+
+SINGLE_SLOT_ENGINES = {
+    "full": lambda backend: simsim.SimulationEngine(backend),
+    "fast": lambda backend: simsim.FastSimulationEngine(backend),
+    "batching": lambda backend: simsim.BatchingEngine(backend, max_active_requests=1),
+}
+
+
+def drive(kind: str, workload: Workload, plan: Plan) -> simsim.SimulationEngine:
+    """Submit *workload*, then stop the clock at each planned time and cancel there."""
+    engine = SINGLE_SLOT_ENGINES[kind](simsim.SimulatedBackend(GRID_CONFIG))
+    for rid, (arrival, prompt, output) in enumerate(workload):
+        engine.submit(simsim.Request(rid, arrival, prompt, output))
+    for at, victims in plan:
+        if at > engine.now_us:
+            engine.env.run(until=at)
+        for rid in victims:
+            if not engine.requests[rid].is_terminal:
+                engine.cancel_request(rid)
+    engine.run()
+    return engine
+
+
+def test_cancelling_right_after_a_stop_on_a_step_end_leaves_admission_to_the_boundary() -> None:
+    # Request 0 prefills 0..100 and decodes at 110, 120, ...; run(until=110) stops the
+    # clock before the step ending at 110. Cancelling 0 and then the queued 1 must
+    # leave 1 never admitted, as on the full engine.
+    workload = [(0, 0, 5), (1, 0, 1)]
+    plan = [(110, [0, 1])]
+    tables = {kind: drive(kind, workload, plan) for kind in SINGLE_SLOT_ENGINES}
+    for kind, engine in tables.items():
+        frame = engine.requests_frame()
+        assert frame["state"].tolist() == ["CANCELLED", "CANCELLED"], kind
+        assert frame["admit_time_us"].tolist() == [0, pd.NA], kind
+        assert [record.request_id for record in engine.admission_log] == [0], kind
+
+
+def test_a_queued_request_is_still_admitted_at_the_stop_time_through_the_boundary() -> None:
+    workload = [(0, 0, 5), (1, 0, 1)]
+    for stop in (100, 110, 150):  # the prefill's end, a decode step's end, the last step
+        plan = [(stop, [0])]
+        full = drive("full", workload, plan)
+        fast = drive("fast", workload, plan)
+        pd.testing.assert_frame_equal(fast.requests_frame(), full.requests_frame())
+        assert list(fast.admission_log) == list(full.admission_log)
+        assert full.admission_log[-1].timestamp_us == stop
+
+
+@st.composite
+def grid_scenarios(draw: st.DrawFn) -> tuple[Workload, Plan]:
+    count = draw(st.integers(1, 8))
+    workload = [
+        (
+            10 * draw(st.integers(0, 30)),
+            0,  # prompt length does not change the cost on this grid
+            draw(st.integers(0, 6)),
+        )
+        for _ in range(count)
+    ]
+    times = draw(st.lists(st.integers(1, 90).map(lambda t: 10 * t), max_size=5, unique=True))
+    plan = [
+        (at, draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=3)))
+        for at in sorted(times)
+    ]
+    return workload, plan
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(grid_scenarios())
+def test_fast_and_full_engines_agree_on_cancellations_at_stop_times_on_the_step_grid(
+    scenario: tuple[Workload, Plan],
+) -> None:
+    workload, plan = scenario
+    full = drive("full", workload, plan)
+    fast = drive("fast", workload, plan)
+    pd.testing.assert_frame_equal(fast.requests_frame(), full.requests_frame())
+    assert list(fast.admission_log) == list(full.admission_log)
+
+
+def cancel_at(
+    engine: simsim.SimulationEngine, request_id: int, waits_us: list[int], said: list[str]
+) -> Generator[simpy.Event, None, None]:
+    """A SimPy process: wait *waits_us* one after another, then try to cancel."""
+    for wait in waits_us:
+        yield engine.env.timeout(wait)
+    try:
+        engine.cancel_request(request_id)
+        said.append("cancelled")
+    except simsim.InvalidTransitionError:
+        said.append("already finished")
+
+
+def test_a_cancellation_inside_the_simulation_at_the_last_step_differs_as_documented() -> None:
+    # docs/semantics.md, "The fast single slot": the one case where the engines differ.
+    outcomes = {}
+    for engine_class in (simsim.SimulationEngine, simsim.FastSimulationEngine):
+        engine = engine_class(simsim.SimulatedBackend(GRID_CONFIG))
+        engine.submit(simsim.Request(0, 0, 0, 2))  # prefill 0..100, steps end at 110, 120
+        said: list[str] = []
+        engine.env.process(cancel_at(engine, 0, [5, 115], said))
+        engine.env.run()
+        request = engine.requests[0]
+        outcomes[engine_class.__name__] = (
+            said,
+            request.state.name,
+            request.generated_token_count,
+            request.finish_time_us,
+        )
+    assert outcomes == {
+        "SimulationEngine": (["cancelled"], "CANCELLED", 1, 120),
+        "FastSimulationEngine": (["already finished"], "FINISHED", 2, 120),
+    }
