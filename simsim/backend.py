@@ -8,12 +8,19 @@ any real hardware or inference runtime.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
 from simsim.clock import MAX_TIME_US, check_count
 
-__all__ = ["Backend", "SimulatedBackend", "SimulatedBackendConfig", "iteration_cost_us"]
+__all__ = [
+    "Backend",
+    "SimulatedBackend",
+    "SimulatedBackendConfig",
+    "check_duration_us",
+    "iteration_cost_us",
+]
 
 
 @runtime_checkable
@@ -116,15 +123,55 @@ class SimulatedBackend:
 
 
 def iteration_cost_us(
-    backend: Backend, prefill_tokens: int, prefilling_count: int, decoding_count: int
+    backend: Backend,
+    prefill_tokens: int,
+    prefilling_count: int,
+    decoding_count: int,
+    *,
+    subject: int | str = "an iteration",
 ) -> int:
-    """The default iteration cost for any backend, from its two per-phase costs."""
+    """The default iteration cost for any backend, from its two per-phase costs.
+
+    Each part is checked before it is added (a non-negative ``int``, not ``bool``), so a
+    bad answer from ``prefill_us`` or ``decode_step_us`` is reported under that method's
+    name and never hidden by the other part. *subject* names the work in messages (a
+    request id, or a description such as ``"the iteration at 40 us"``).
+    """
     prefill_tokens = check_count(prefill_tokens, "prefill_tokens")
     prefilling_count = check_count(prefilling_count, "prefilling_count")
     decoding_count = check_count(decoding_count, "decoding_count")
     total = 0
     if prefilling_count > 0:
-        total += backend.prefill_us(prefill_tokens, prefilling_count)
+        part = backend.prefill_us(prefill_tokens, prefilling_count)
+        total += check_duration_us(part, "prefill_us", subject)
     if decoding_count > 0:
-        total += backend.decode_step_us(decoding_count)
+        part = backend.decode_step_us(decoding_count)
+        total += check_duration_us(part, "decode_step_us", subject)
     return _checked(total, "iteration_us")
+
+
+def check_duration_us(value: object, what: str, subject: int | str) -> int:
+    """Check a backend's answer: a non-negative ``int`` (NumPy integers converted).
+
+    *what* names the backend method, *subject* the work it priced: an ``int`` is a
+    request id (``"request 7"``), a string is used as it is. ``bool``, floats, strings
+    and ``None`` raise ``TypeError``; a negative duration raises ``ValueError``.
+    """
+    if type(value) is int:
+        duration = value
+    else:
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(
+                f"backend {what} for {_named(subject)} returned "
+                f"{type(value).__name__} {value!r}; durations must be int microseconds"
+            )
+        duration = int(operator.index(value))  # type: ignore[arg-type]
+    if duration < 0:
+        raise ValueError(
+            f"backend {what} for {_named(subject)} returned a negative duration {duration} us"
+        )
+    return duration
+
+
+def _named(subject: int | str) -> str:
+    return f"request {subject}" if isinstance(subject, int) else subject

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 import pandas as pd
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,3 +140,99 @@ def test_a_cancellation_inside_the_simulation_at_the_last_step_differs_as_docume
         "SimulationEngine": (["cancelled"], "CANCELLED", 1, 120),
         "FastSimulationEngine": (["already finished"], "FINISHED", 2, 120),
     }
+
+
+# --------------------------------------------------------------------------- batching durations
+
+
+class PhaseBackend:
+    """A backend with only the two per-phase costs (no iteration_us), answering as told."""
+
+    def __init__(self, prefill: object = 100, decode: object = 10) -> None:
+        self.prefill = prefill
+        self.decode = decode
+
+    def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> object:
+        return self.prefill
+
+    def decode_step_us(self, active_sequence_count: int) -> object:
+        return self.decode
+
+
+class NegativePrefillSimulatedBackend(simsim.SimulatedBackend):
+    """SimulatedBackend's own iteration_us, with a subclass's broken prefill price."""
+
+    def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
+        return -5
+
+
+BAD_ANSWERS = [
+    # (prefill answer, decode answer, error, method named)
+    (-5, 10, ValueError, "prefill_us"),
+    (True, 10, TypeError, "prefill_us"),
+    ("7", 10, TypeError, "prefill_us"),
+    (None, 10, TypeError, "prefill_us"),
+    (7, True, TypeError, "decode_step_us"),
+    (7, -1, ValueError, "decode_step_us"),
+    (7, None, TypeError, "decode_step_us"),
+    (7, "x", TypeError, "decode_step_us"),
+]
+
+
+def mixed_engine(backend: object) -> simsim.BatchingEngine:
+    """Request 0 decodes while request 1 prefills: a mixed iteration prices both parts."""
+    engine = simsim.BatchingEngine(
+        backend,  # type: ignore[arg-type]
+        max_active_requests=2,
+        max_batch_tokens=64,
+        policy="mixed",
+    )
+    engine.submit(simsim.Request(0, 0, 4, 3))
+    engine.submit(simsim.Request(1, 1, 4, 3))
+    return engine
+
+
+@pytest.mark.parametrize(("prefill", "decode", "error", "method"), BAD_ANSWERS)
+def test_batching_checks_each_part_of_an_iteration_and_names_the_method_and_request(
+    prefill: object, decode: object, error: type[Exception], method: str
+) -> None:
+    # Prefill answers are checked in request 0's first iteration, decode answers in the
+    # mixed iteration at 10 us that decodes request 0 and prefills request 1.
+    bad_prefill = method == "prefill_us"
+    backend = PhaseBackend(prefill, decode) if bad_prefill else PhaseBackend(10, decode)
+    engine = mixed_engine(backend)
+    with pytest.raises(error) as raised:
+        engine.run()
+    message = str(raised.value)
+    assert f"backend {method} for the iteration at" in message
+    assert "iteration_us" not in message.replace("the iteration at", "")
+    assert ("request 0" if bad_prefill else "requests 0, 1") in message
+    assert "unsupported operand" not in message
+    assert engine.failed
+
+
+def test_a_negative_prefill_is_not_hidden_by_a_decode_cost_under_a_simulated_subclass() -> None:
+    backend = NegativePrefillSimulatedBackend(GRID_CONFIG)
+    engine = mixed_engine(backend)
+    with pytest.raises(ValueError, match=r"prefill_us .* negative duration -5 us"):
+        engine.run()
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+def test_a_refused_launch_leaves_the_heads_waiting_as_the_single_slot_does(policy: str) -> None:
+    tokens = 64 if policy == "mixed" else None
+    batching = simsim.BatchingEngine(
+        PhaseBackend(prefill=-1),  # type: ignore[arg-type]
+        max_active_requests=4,
+        max_batch_tokens=tokens,
+        policy=policy,
+    )
+    single = simsim.SimulationEngine(PhaseBackend(prefill=-1))  # type: ignore[arg-type]
+    for engine in (batching, single):
+        held = [engine.submit(simsim.Request(rid, 0, 4, 2)) for rid in range(3)]
+        with pytest.raises(ValueError, match="negative duration -1 us"):
+            engine.run()
+        for request in held:
+            assert request.state is simsim.RequestState.WAITING
+            assert request.admit_time_us is None
+        assert engine.failed

@@ -12,7 +12,6 @@ batching server) supply what happens on each event and at each boundary.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import simpy
 from simpy.events import PENDING, Event
 
-from simsim.backend import Backend
+from simsim.backend import Backend, check_duration_us
 from simsim.clock import BOUNDARY, MAX_TIME_US, Environment, check_count
 from simsim.engines.arrivals import PendingArrivals
 from simsim.engines.events import LifecycleEvent
@@ -61,24 +60,6 @@ __all__ = [
 _ARRIVAL = EventType.REQUEST_ARRIVAL
 
 _SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
-
-
-def check_duration_us(value: object, what: str, request_id: int) -> int:
-    """Check a backend's answer: a non-negative ``int`` (NumPy integers converted)."""
-    if type(value) is int:
-        duration = value
-    else:
-        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-            raise TypeError(
-                f"backend {what} for request {request_id} returned "
-                f"{type(value).__name__} {value!r}; durations must be int microseconds"
-            )
-        duration = int(operator.index(value))  # type: ignore[arg-type]
-    if duration < 0:
-        raise ValueError(
-            f"backend {what} for request {request_id} returned a negative duration {duration} us"
-        )
-    return duration
 
 
 def _checked_time(at_us: int, request_id: int) -> int:

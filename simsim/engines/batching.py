@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from simpy.events import NORMAL, Event
 
-from simsim.backend import Backend, iteration_cost_us
+from simsim.backend import Backend, SimulatedBackend, check_duration_us, iteration_cost_us
 from simsim.clock import MAX_TIME_US, Environment
-from simsim.engines.base import EngineBase, check_duration_us, positive_int, queued_request
+from simsim.engines.base import EngineBase, positive_int, queued_request
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
@@ -168,7 +168,11 @@ class BatchingEngine(EngineBase):
         self._ending: _Iteration | None = None  # the iteration whose records are written
         self._abandoned: set[_IterationEvent] = set()
         self._iterations: list[IterationRecord] = []
+        # A backend's own iteration_us, unless it is SimulatedBackend's composition of
+        # the two per-phase costs: those are priced part by part, each part checked.
         iteration_us = getattr(backend, "iteration_us", None)
+        if getattr(type(backend), "iteration_us", None) is SimulatedBackend.iteration_us:
+            iteration_us = None
         self._iteration_us = iteration_us if callable(iteration_us) else None
 
     # ------------------------------------------------------------------ accessors
@@ -326,12 +330,31 @@ class BatchingEngine(EngineBase):
     # ------------------------------------------------------------------ iteration start
 
     def _admit(self) -> None:
-        """Start an iteration at the current time (steps 2 to 4 of the module docs)."""
+        """Start an iteration at the current time (steps 2 to 4 of the module docs).
+
+        The iteration is planned and priced before any admitted request changes: if the
+        backend's answer is refused, the heads the scheduler handed over stay
+        ``WAITING`` (or ``PREEMPTED``) with no admission time, as on the single slot.
+        """
         now = self._env._now
         self._reserve_decode_blocks(now)
-        admitted = self._admit_heads(now)
-        if self._slots:
-            self._launch(now, admitted)
+        admitted = self._choose_heads(now)
+        new_slots = [slot for slot, _ in admitted]
+        slots = self._slots + new_slots
+        if not slots:
+            return
+        participants, record = self._plan(now, slots, new_slots)
+        for slot, epoch in admitted:
+            request = slot.request
+            request.transition_to(_PREFILLING, now)
+            self._free_blocks -= slot.blocks
+            self._slots.append(slot)
+            self._slot_of[request.request_id] = slot
+            self._admission_log.append(now, request.request_id, epoch)
+        event = _IterationEvent(self._env, self._on_iteration_end, record.end_us)
+        # At most two records per participant: a prefill or a token, then a completion.
+        first = self._env.reserve_sequences(2 * len(participants))
+        self._iteration = _Iteration(event, participants, record, first)
 
     def _reserve_decode_blocks(self, now: int) -> None:
         cache = self._kv_cache
@@ -362,61 +385,69 @@ class BatchingEngine(EngineBase):
         self._log(now, _PREEMPT, request.request_id)
         self._scheduler.enqueue(queued_request(request))
 
-    def _admit_heads(self, now: int) -> list[_Slot]:
+    def _choose_heads(self, now: int) -> list[tuple[_Slot, int]]:
+        """Take the scheduler's heads while a slot and memory allow (step 3).
+
+        Returns each new slot with its decision's epoch, in admission order. The
+        scheduler has handed them over; the requests themselves change only once the
+        iteration is priced (see :meth:`_admit`).
+        """
         scheduler = self._scheduler
         cache = self._kv_cache
         cap = self._max_batch_tokens if self._policy == "prefill_first" else None
-        admitted: list[_Slot] = []
+        chosen: list[tuple[_Slot, int]] = []
+        free_slots = self._max_active_requests - len(self._slots)
+        free_blocks = self._free_blocks
         new_tokens = 0
-        while len(self._slots) < self._max_active_requests:
+        while len(chosen) < free_slots:
             decision = scheduler.decide(now)
             if decision is None:
                 break
             request = self._proposed(decision)
-            rid = request.request_id
             target = request.prompt_token_count + request.generated_token_count
-            if cap is not None and admitted and new_tokens + target > cap:
+            if cap is not None and chosen and new_tokens + target > cap:
                 break  # the head would pass the token cap: it waits, nobody overtakes it
             blocks = 0
             if cache is not None:
                 more = 1 if request.generated_token_count < request.max_output_tokens else 0
                 blocks = cache.blocks_for(target + more)
-                if blocks > self._free_blocks:
+                if blocks > free_blocks:
                     break  # the head does not fit in memory: it waits
             self._commit(decision)
-            request.transition_to(_PREFILLING, now)
-            self._free_blocks -= blocks
-            slot = _Slot(request, target, blocks)
-            self._slots.append(slot)
-            self._slot_of[rid] = slot
-            admitted.append(slot)
+            free_blocks -= blocks
+            chosen.append((_Slot(request, target, blocks), decision.epoch))
             new_tokens += target
-            self._admission_log.append(now, rid, decision.epoch)
-        return admitted
+        return chosen
 
-    def _launch(self, now: int, admitted: list[_Slot]) -> None:
+    def _plan(
+        self, now: int, slots: list[_Slot], new_slots: list[_Slot]
+    ) -> tuple[list[tuple[_Slot, int | None]], IterationRecord]:
+        """Who takes part in the iteration launched now, and its priced record (step 4).
+
+        *slots* is the batch in admission order, ending with *new_slots*, the requests
+        admitted now (still ``WAITING`` or ``PREEMPTED``). Nothing changes here: every
+        error is raised before the admissions take effect.
+        """
         participants: list[tuple[_Slot, int | None]] = []
         prefill_tokens = prefilling = decoding = 0
         if self._policy == "prefill_first":
-            if admitted:
-                new = set(map(id, admitted))
-                for slot in self._slots:
-                    if id(slot) in new:
-                        chunk = slot.target - slot.prefilled
-                        participants.append((slot, chunk))
-                        prefill_tokens += chunk
-                        prefilling += 1
+            if new_slots:
+                for slot in new_slots:
+                    chunk = slot.target - slot.prefilled
+                    participants.append((slot, chunk))
+                    prefill_tokens += chunk
+                    prefilling += 1
             else:
-                for slot in self._slots:
+                for slot in slots:
                     if slot.request.state is _DECODING:
                         participants.append((slot, None))
                         decoding += 1
         else:
             assert self._max_batch_tokens is not None
             budget = self._max_batch_tokens - sum(
-                1 for slot in self._slots if slot.request.state is _DECODING
+                1 for slot in slots if slot.request.state is _DECODING
             )
-            for slot in self._slots:
+            for slot in slots:
                 if slot.request.state is _DECODING:
                     participants.append((slot, None))
                     decoding += 1
@@ -428,18 +459,14 @@ class BatchingEngine(EngineBase):
                     prefill_tokens += chunk
                     prefilling += 1
                     budget -= chunk
-        if self._iteration_us is not None:
-            cost = self._iteration_us(prefill_tokens, prefilling, decoding)
-        else:
-            cost = iteration_cost_us(self._backend, prefill_tokens, prefilling, decoding)
-        first = participants[0][0].request.request_id if participants else -1
-        duration = check_duration_us(cost, "iteration_us", first)
+        duration = self._price(now, participants, prefill_tokens, prefilling, decoding)
         end = now + duration
         if end > MAX_TIME_US:
             raise OverflowError(
                 f"an iteration from {now} us lasting {duration} us would end past the "
                 "64-bit limit 2**63 - 1"
             )
+        self._check_output_fits(participants, end, duration)
         record = IterationRecord(
             start_us=now,
             end_us=end,
@@ -447,13 +474,51 @@ class BatchingEngine(EngineBase):
             prefilling_count=prefilling,
             decoding_count=decoding,
             abandoned=False,
-            batch_size=len(self._slots),
-            kv_blocks_in_use=sum(slot.blocks for slot in self._slots),
+            batch_size=len(slots),
+            kv_blocks_in_use=sum(slot.blocks for slot in slots),
         )
-        event = _IterationEvent(self._env, self._on_iteration_end, end)
-        # At most two records per participant: a prefill or a token, then a completion.
-        first = self._env.reserve_sequences(2 * len(participants))
-        self._iteration = _Iteration(event, participants, record, first)
+        return participants, record
+
+    def _price(
+        self,
+        now: int,
+        participants: list[tuple[_Slot, int | None]],
+        prefill_tokens: int,
+        prefilling: int,
+        decoding: int,
+    ) -> int:
+        """The iteration's duration from the backend, every part checked before use."""
+        ids = [slot.request.request_id for slot, _ in participants]
+        who = f"request {ids[0]}" if len(ids) == 1 else f"requests {', '.join(map(str, ids))}"
+        subject = f"the iteration at {now} us ({who})"
+        if self._iteration_us is None:
+            return iteration_cost_us(
+                self._backend, prefill_tokens, prefilling, decoding, subject=subject
+            )
+        cost = self._iteration_us(prefill_tokens, prefilling, decoding)
+        return check_duration_us(cost, "iteration_us", subject)
+
+    def _check_output_fits(
+        self, participants: list[tuple[_Slot, int | None]], end: int, duration: int
+    ) -> None:
+        """Refuse a decoding request whose output limit, at this pace, ends past 2**63 - 1.
+
+        Without this a request with an absurd output limit would be stepped through one
+        iteration at a time until the clock overflowed, which no run lives to see.
+        """
+        if duration == 0:
+            return
+        for slot, chunk in participants:
+            request = slot.request
+            if chunk is not None:
+                continue
+            left = request.max_output_tokens - request.generated_token_count - 1
+            if left > (MAX_TIME_US - end) // duration:
+                raise OverflowError(
+                    f"request {request.request_id}: {left} more output tokens (max_output_tokens "
+                    f"{request.max_output_tokens}) at {duration} us per iteration would end "
+                    f"past the 64-bit limit 2**63 - 1 (its iteration ends at {end} us)"
+                )
 
     # ------------------------------------------------------------------ cancellation
 
