@@ -236,3 +236,55 @@ def test_a_refused_launch_leaves_the_heads_waiting_as_the_single_slot_does(polic
             assert request.state is simsim.RequestState.WAITING
             assert request.admit_time_us is None
         assert engine.failed
+
+
+# --------------------------------------------------------------------------- absurd output limits
+
+ENGINE_KINDS = {
+    "full": lambda backend: simsim.SimulationEngine(backend),
+    "fast": lambda backend: simsim.FastSimulationEngine(backend),
+    "batching": lambda backend: simsim.BatchingEngine(backend, max_active_requests=4),
+    "mixed": lambda backend: simsim.BatchingEngine(
+        backend, max_active_requests=4, max_batch_tokens=64, policy="mixed"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ENGINE_KINDS)
+@pytest.mark.parametrize("prefill_base_us", [100, 0])
+@pytest.mark.parametrize("limit", [2**63 - 1, 2**60])
+def test_an_output_limit_that_must_overflow_is_refused_before_its_first_decode_step(
+    kind: str, prefill_base_us: int, limit: int
+) -> None:
+    # 2**60 tokens at 10 us each end past 2**63 - 1 too, although the count itself fits.
+    config = simsim.SimulatedBackendConfig(
+        prefill_base_us=prefill_base_us,
+        prefill_per_token_us=0,
+        prefill_per_active_sequence_us=0,
+        decode_base_us=10,
+        decode_per_active_sequence_us=0,
+    )
+    engine = ENGINE_KINDS[kind](simsim.SimulatedBackend(config))
+    engine.submit(simsim.Request(3, 0, 4, limit))
+    with pytest.raises(OverflowError, match="request 3") as raised:
+        engine.run()
+    assert "2**63 - 1" in str(raised.value)
+    assert engine.failed
+    assert engine.processed_event_count <= 2  # the arrival and at most the prefill
+
+
+@pytest.mark.parametrize("kind", ENGINE_KINDS)
+def test_an_output_limit_just_inside_the_clock_still_runs(kind: str) -> None:
+    # Finish = 100 + 10 * tokens: the largest limit whose finish fits is refused by nobody
+    # (the per-token engines are not run to the end: a few steps show it was not refused).
+    tokens = (2**63 - 1 - 100) // 10
+    engine = ENGINE_KINDS[kind](simsim.SimulatedBackend(GRID_CONFIG))
+    engine.submit(simsim.Request(3, 0, 0, tokens))
+    for _ in range(4):
+        engine.run_next_timestamp()
+    assert not engine.failed
+    request = engine.requests[3]
+    if kind == "fast":  # one event for the whole request: it has finished
+        assert request.finish_time_us == 100 + 10 * tokens
+    else:
+        assert request.state is simsim.RequestState.DECODING

@@ -98,8 +98,17 @@ class SimulationEngine(EngineBase):
             now = self._env._now
             if request.state is not _PREFILLING:
                 self._raise_stale(event)
-            if request.max_output_tokens > 0:
+            tokens = request.max_output_tokens
+            if tokens > 0:
                 cost = self._decode_step_us(request)
+                if now + cost * tokens > MAX_TIME_US:
+                    # Refuse now rather than step towards an overflow token by token.
+                    raise OverflowError(
+                        f"request {request.request_id}: {tokens} output tokens "
+                        f"(max_output_tokens) at {cost} us per decode step from {now} us "
+                        f"would finish at {now + cost * tokens} us, past the 64-bit limit "
+                        "2**63 - 1"
+                    )
                 processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
                 request.transition_to(_DECODING, now)
             else:
