@@ -64,9 +64,15 @@ def check_time_us(value: object, name: str) -> int:
         try:
             result = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
+            hint = ""
+            if isinstance(value, float | Decimal | Fraction):
+                hint = (
+                    f"; convert seconds with simsim.seconds_to_us({value!r}) or "
+                    f"milliseconds with simsim.ms_to_us({value!r})"
+                )
             raise TypeError(
                 f"{name} must be an int number of microseconds, "
-                f"got {type(value).__name__} {value!r}"
+                f"got {type(value).__name__} {value!r}{hint}"
             ) from None
         result = int(result)
     if result < 0:
@@ -101,6 +107,7 @@ def check_count(value: object, name: str, *, minimum: int = 0) -> int:
 
 
 def _scaled_to_us(value: object, scale: int, unit: str) -> int:
+    given = value
     if isinstance(value, bool):
         raise TypeError(f"{unit} must be a real number, got bool {value!r}")
     if not isinstance(value, int | float | Decimal | Fraction):
@@ -115,6 +122,14 @@ def _scaled_to_us(value: object, scale: int, unit: str) -> int:
         value = Decimal(repr(value))
     exact = Decimal(value) if not isinstance(value, Fraction) else value
     scaled = exact * scale
+    # Range first: rounding a huge Decimal would exceed its context's precision.
+    if scaled > MAX_TIME_US + 1:
+        raise OverflowError(
+            f"{unit} = {given!r} is past the 64-bit limit of 2**63 - 1 microseconds "
+            f"(about {MAX_TIME_US / scale:.4g} {unit})"
+        )
+    if scaled < -1:
+        raise ValueError(f"{unit} must be >= 0, got {given!r}")
     if isinstance(scaled, Fraction):
         rounded = round(scaled)
     else:
