@@ -1,7 +1,8 @@
 """What an engine writes down: event and admission records, kept in columns.
 
-Engines append four integers per event to typed arrays (8 bytes each) instead of
-creating a Python object per event; :class:`EventRecord` and :class:`AdmissionRecord`
+Engines append four integers per event to typed arrays (8 bytes for the timestamp, the
+sequence and the request id, 1 byte for the event type) instead of creating a Python
+object per event; :class:`EventRecord` and :class:`AdmissionRecord`
 objects are made only when a reader asks for them. A log handed to a reader is a
 snapshot: it keeps the length it had when it was taken.
 """
@@ -153,7 +154,12 @@ class _EventRecordView(RecordView[EventRecord]):
 
 
 class EventLog:
-    """The columnar event log: timestamps, sequences, event types and request ids."""
+    """The columnar event log: timestamps, sequences, event types and request ids.
+
+    The columns are ``array('q')`` (8 bytes a value), except the event type's
+    ``array('b')`` (1 byte). Engines add a row with :meth:`append`; the single slot's
+    decode step, the one measured hot path, appends to the four columns itself.
+    """
 
     __slots__ = ("request_ids", "sequences", "timestamps", "types")
 
@@ -162,6 +168,11 @@ class EventLog:
         self.sequences: array[int] = array("q")
         self.types: array[int] = array("b")
         self.request_ids: array[int] = array("q")
+
+    @property
+    def columns(self) -> tuple[array[int], array[int], array[int], array[int]]:
+        """The four columns in :class:`EventRecord`'s field order."""
+        return (self.timestamps, self.sequences, self.types, self.request_ids)
 
     def append(self, timestamp_us: int, sequence: int, event_type: int, request_id: int) -> None:
         """Add one processed event."""
@@ -175,16 +186,12 @@ class EventLog:
 
     def view(self) -> RecordView[EventRecord]:
         """A snapshot of the log as a sequence of :class:`EventRecord`."""
-        columns = (self.timestamps, self.sequences, self.types, self.request_ids)
-        return _EventRecordView(columns, len(self.timestamps), EventRecord)
+        return _EventRecordView(self.columns, len(self.timestamps), EventRecord)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns' used part (8 + 8 + 1 + 8 per event)."""
-        return sum(
-            c.itemsize * len(c)
-            for c in (self.timestamps, self.sequences, self.types, self.request_ids)
-        )
+        return sum(column.itemsize * len(column) for column in self.columns)
 
 
 class AdmissionLog:

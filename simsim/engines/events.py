@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from simpy.events import NORMAL
 
-from simsim.clock import MAX_TIME_US, Environment
+from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.records import EventType
 
 if TYPE_CHECKING:
@@ -54,10 +54,7 @@ class LifecycleEvent:
         the sequence number it had, which is the one its log record carries.
         """
         if at_us > MAX_TIME_US:
-            raise OverflowError(
-                f"request {self.request.request_id}: an event at {at_us} us would be past "
-                "the 64-bit limit 2**63 - 1"
-            )
+            raise time_overflow(at_us, f"request {self.request.request_id}")
         env = self.env
         processed = self.sequence
         self.sequence = sequence = next(env._eid)
