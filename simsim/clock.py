@@ -36,6 +36,7 @@ __all__ = [
     "check_time_us",
     "ms_to_us",
     "seconds_to_us",
+    "time_overflow",
 ]
 
 MAX_TIME_US = 2**63 - 1
@@ -80,6 +81,16 @@ def check_time_us(value: object, name: str) -> int:
     if result > MAX_TIME_US:
         raise OverflowError(f"{name} = {result} is past the 64-bit limit 2**63 - 1")
     return result
+
+
+def time_overflow(at_us: int, what: str) -> OverflowError:
+    """The error for an event that would happen past ``2**63 - 1``; the caller raises it.
+
+    Every path that computes a time checks ``at_us > MAX_TIME_US`` itself (a comparison
+    is all a hot path can afford) and builds its message here, so that every overflow
+    reads the same: *what* names the work, for example ``"request 7"``.
+    """
+    return OverflowError(f"{what}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1")
 
 
 def check_count(value: object, name: str, *, minimum: int = 0) -> int:
@@ -234,10 +245,44 @@ class Environment(simpy.Environment):
         than ``now``; only the 64-bit limit is checked here.
         """
         if at_us > MAX_TIME_US:
-            raise OverflowError(f"an event at {at_us} would be past the 64-bit limit 2**63 - 1")
+            raise time_overflow(at_us, "schedule_at")
         sequence = next(self._eid)
         heappush(self._queue, (at_us, priority, sequence, event))
         return sequence
+
+    def next_sequence(self) -> int:
+        """Take a sequence number now, for an event that enters the heap later.
+
+        The event keeps the place in the ``(time, priority, sequence)`` order that it
+        would have had if it had been scheduled now; :meth:`schedule_numbered` puts it in.
+        """
+        return next(self._eid)
+
+    def schedule_numbered(
+        self, event: Any, at_us: int, sequence: int, priority: EventPriority = NORMAL
+    ) -> None:
+        """Put *event* into the heap at *at_us* under a *sequence* taken earlier.
+
+        For engines that number work when it is submitted but schedule it later (see
+        :meth:`next_sequence` and :meth:`reserve_sequences`). *at_us* must be an ``int``
+        no earlier than ``now``; only the 64-bit limit is checked.
+        """
+        if at_us > MAX_TIME_US:
+            raise time_overflow(at_us, "schedule_numbered")
+        heappush(self._queue, (at_us, priority, sequence, event))
+
+    def next_event_time(self) -> int | None:
+        """The time of the earliest pending event, or ``None`` when nothing is pending.
+
+        Unlike SimPy's ``peek()``, never a float: no ``Infinity`` for an empty heap.
+        """
+        queue = self._queue
+        return queue[0][0] if queue else None  # type: ignore[return-value]
+
+    def event_due_now(self) -> bool:
+        """``True`` while some event is still pending at the current time."""
+        queue = self._queue
+        return bool(queue) and queue[0][0] == self._now
 
     def reserve_sequences(self, count_: int) -> int:
         """Set aside *count_* consecutive sequence numbers and return the first.

@@ -30,8 +30,6 @@ from array import array
 from heapq import heappop, heappush
 from typing import Any, Final
 
-from simpy.events import NORMAL
-
 from simsim.clock import Environment
 from simsim.engines.events import LifecycleEvent
 from simsim.records import EventType
@@ -107,7 +105,7 @@ class PendingArrivals:
     def add(self, request: Request) -> None:
         """Number *request*'s arrival now and put it into the heap, or hold it back."""
         env = self._env
-        sequence = next(env._eid)
+        sequence = env.next_sequence()
         at = request.arrival_time_us
         if self._in_heap and at >= self._latest_in_heap_us:
             request._pending = request._event = HELD
@@ -121,7 +119,7 @@ class PendingArrivals:
             return
         event = LifecycleEvent(env, self._callbacks, request, _ARRIVAL, sequence)
         request._pending = request._event = event
-        heappush(env._queue, (at, NORMAL, sequence, event))  # type: ignore[misc]
+        env.schedule_numbered(event, at, sequence)
         self._in_heap += 1
         if at > self._latest_in_heap_us:
             self._latest_in_heap_us = at
@@ -171,6 +169,6 @@ class PendingArrivals:
             rid = request.request_id
             if self._authorized.get(rid) is HELD:
                 self._authorized[rid] = event
-        heappush(env._queue, (at, NORMAL, sequence, event))  # type: ignore[misc]
+        env.schedule_numbered(event, at, sequence)
         self._in_heap = 1
         self._latest_in_heap_us = at

@@ -12,15 +12,17 @@ batching server) supply what happens on each event and at each boundary.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import simpy
 from simpy.events import PENDING, Event
 
 from simsim.backend import Backend, check_duration_us
-from simsim.clock import BOUNDARY, MAX_TIME_US, Environment, check_count
+from simsim.clock import BOUNDARY, Environment, check_count
 from simsim.engines.arrivals import PendingArrivals
 from simsim.engines.events import LifecycleEvent
 from simsim.errors import (
@@ -53,6 +55,8 @@ __all__ = [
     "EngineBase",
     "LifecycleEvent",
     "check_duration_us",
+    "engine_work",
+    "lifecycle_handler",
     "positive_int",
     "queued_request",
 ]
@@ -62,16 +66,60 @@ _ARRIVAL = EventType.REQUEST_ARRIVAL
 _SCHEDULER_OPERATIONS = ("enqueue", "remove", "decide", "commit", "__len__", "epoch", "stats")
 
 
-def _checked_time(at_us: int, request_id: int) -> int:
-    if at_us > MAX_TIME_US:
-        raise OverflowError(
-            f"request {request_id}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1"
-        )
-    return at_us
+_Engine = TypeVar("_Engine", bound="EngineBase")
 
 
-class EngineBase:
-    """Shared machinery of simsim's servers; use a concrete engine instead."""
+def engine_work(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark *method* as the engine's own work: an exception it raises fails the engine.
+
+    The exception still propagates with its own type (contract section 8); the engine
+    keeps it and answers :class:`~simsim.EngineFailedError` from then on.
+    """
+
+    @functools.wraps(method)
+    def work(self: EngineBase, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    return work
+
+
+def lifecycle_handler(
+    handler: Callable[[_Engine, LifecycleEvent, Request], None],
+) -> Callable[[_Engine, LifecycleEvent], None]:
+    """Turn ``handler(engine, event, request)`` into a callback for a request's event.
+
+    The callback first checks that *event* is the one its request waits for; if not,
+    it is consumed under a cancellation's one-use authorization or is a stale-event
+    error (:meth:`EngineBase._ignore_or_fail`). Like :func:`engine_work`, any exception
+    fails the engine.
+    """
+
+    @functools.wraps(handler)
+    def on_event(self: _Engine, event: LifecycleEvent) -> None:
+        try:
+            request = event.request
+            if request._pending is not event:
+                self._ignore_or_fail(event)
+                return
+            handler(self, event, request)
+        except BaseException as error:
+            self._fail(error)
+            raise
+
+    return on_event
+
+
+class EngineBase(ABC):
+    """Shared machinery of simsim's servers; use a concrete engine instead.
+
+    A server provides three hooks (a subclass that lacks one cannot be built):
+    :meth:`_is_idle`, :meth:`_admit` and :meth:`_cancel_active`; it may refine
+    :meth:`_check_admissible` and :meth:`_fill_free_slot`.
+    """
 
     def __init__(
         self, backend: Backend, scheduler: Scheduler | None, env: Environment | None
@@ -112,7 +160,8 @@ class EngineBase:
         self._authorized: dict[int, object] = {}
         self._completions: dict[int, Event] = {}
         self._boundary_pending = False
-        self._boundary_fired = False
+        # Set when this timestamp's admission has run: run_next_timestamp() pauses there.
+        self._admission_ran = False
         # Callback tuples shared by all of this engine's events of a kind.
         self._arrival_callbacks = (self._on_arrival,)
         self._arrivals = PendingArrivals(env, self._arrival_callbacks, self._authorized)
@@ -152,13 +201,13 @@ class EngineBase:
     @property
     def has_pending_events(self) -> bool:
         """``True`` while the environment's heap holds any event (foreign ones included)."""
-        return bool(self._env._queue)
+        return self._env.next_event_time() is not None
 
     @property
     def now_us(self) -> int:
         """The current simulated time in microseconds."""
         self._check_alive()
-        return self._env._now
+        return self._env.now
 
     @property
     def requests(self) -> Mapping[int, Request]:
@@ -237,7 +286,7 @@ class EngineBase:
                 f"first_token={request.first_token_time_us}, finish={request.finish_time_us}); "
                 "submit a new WAITING request with no tokens and no timestamps"
             )
-        now = self._env._now
+        now = self._env.now
         if request.arrival_time_us < now:
             raise ValueError(
                 f"request {rid} arrives at {request.arrival_time_us} us, before the current "
@@ -257,15 +306,13 @@ class EngineBase:
         """
         self._check_alive()
         env = self._env
-        queue = env._queue
-        if not queue:
+        at = env.next_event_time()
+        if at is None:
             return None
-        at: int = queue[0][0]  # type: ignore[assignment]
-        self._boundary_fired = False
-        step = env.step
-        while queue and queue[0][0] == at:
-            step()
-            if self._boundary_fired:
+        self._admission_ran = False
+        while env.next_event_time() == at:
+            env.step()
+            if self._admission_ran:
                 break
         return at
 
@@ -299,7 +346,7 @@ class EngineBase:
                 f"request {rid} is already {state.name}; only a WAITING, PREFILLING, "
                 "DECODING or PREEMPTED request can be cancelled"
             )
-        now = self._env._now
+        now = self._env.now
         pending = request._pending
         if state is RequestState.WAITING and pending is not None:
             # Not arrived yet: its arrival event will come up and be ignored (for an
@@ -338,60 +385,60 @@ class EngineBase:
 
     # ------------------------------------------------------------------ for subclasses
 
-    def _check_admissible(self, request: Request) -> None:
-        """Refuse at submit a request this server could never run (hook)."""
+    def _check_admissible(self, request: Request) -> None:  # noqa: B027 (optional hook)
+        """Refuse at submit a request this server could never run (hook; accepts all)."""
 
+    @engine_work
     def _on_arrival(self, event: LifecycleEvent) -> None:
         """The request joins the scheduler's queue; an idle server fills its slot."""
-        try:
-            # First: whatever follows, the next held arrival must be in the heap.
-            self._arrivals.popped()
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            request._pending = None
-            rid = request.request_id
-            self._scheduler.enqueue(
-                QueuedRequest(
-                    rid,
-                    request.arrival_time_us,
-                    request.prompt_token_count,
-                    request.max_output_tokens,
-                )
-            )
-            self._processed_event_count += 1
-            log = self._event_log
-            log.timestamps.append(self._env._now)
-            log.sequences.append(event.sequence)
-            log.types.append(_ARRIVAL)
-            log.request_ids.append(rid)
-            if self._is_idle():
-                self._fill_free_slot()
-        except BaseException as error:
-            self._fail(error)
-            raise
+        # First: whatever follows, the next held arrival must be in the heap.
+        self._arrivals.popped()
+        self._arrived(event)
 
+    @lifecycle_handler
+    def _arrived(self, event: LifecycleEvent, request: Request) -> None:
+        request._pending = None
+        rid = request.request_id
+        self._scheduler.enqueue(
+            QueuedRequest(
+                rid,
+                request.arrival_time_us,
+                request.prompt_token_count,
+                request.max_output_tokens,
+            )
+        )
+        self._processed_event_count += 1
+        self._event_log.append(self._env.now, event.sequence, _ARRIVAL, rid)
+        if self._is_idle():
+            self._fill_free_slot()
+
+    @abstractmethod
     def _is_idle(self) -> bool:
         """Whether the server could start work now (no request or iteration running)."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def _admit(self) -> None:
+        """Start work at the current time: admit the scheduler's head(s), if any fit."""
+
+    @abstractmethod
+    def _cancel_active(self, request: Request, now: int) -> None:
+        """Cancel *request*, which holds a slot; free it and fill it if someone waits."""
 
     def _fill_free_slot(self) -> None:
         """Work can start and someone may be queued: start it at the end of this timestamp."""
         self._request_boundary()
 
-    def _cancel_active(self, request: Request, now: int) -> None:
-        raise NotImplementedError
+    def _note_admission_ran(self) -> None:
+        """This timestamp's admission has run: :meth:`run_next_timestamp` pauses after
+        the event being processed, as it does after a boundary."""
+        self._admission_ran = True
 
+    @engine_work
     def _on_boundary(self, event: Event) -> None:
-        try:
-            self._boundary_pending = False
-            self._boundary_fired = True
-            if self._is_idle():
-                self._admit()
-        except BaseException as error:
-            self._fail(error)
-            raise
+        self._boundary_pending = False
+        self._admission_ran = True
+        if self._is_idle():
+            self._admit()
 
     def _check_alive(self) -> None:
         if self._failure is not None:
@@ -425,7 +472,7 @@ class EngineBase:
         request = event.request
         raise StaleEventError(
             f"request {request.request_id} ({request.state.name}) was not waiting for "
-            f"{event.event_type.name} (sequence {event.sequence}) at {self._env._now} us"
+            f"{event.event_type.name} (sequence {event.sequence}) at {self._env.now} us"
         )
 
     def _request_boundary(self) -> None:
@@ -436,7 +483,7 @@ class EngineBase:
             boundary._ok = True
             boundary._value = None
             boundary.callbacks.append(self._on_boundary)
-            self._env.schedule_at(boundary, self._env._now, BOUNDARY)
+            self._env.schedule_at(boundary, self._env.now, BOUNDARY)
 
     def _admit_now_or_at_boundary(self) -> None:
         """Fill a slot freed by a cancellation, now or at the end of this timestamp.
@@ -446,21 +493,14 @@ class EngineBase:
         nothing left at ``now``) the head is admitted at once without moving the clock.
         """
         env = self._env
-        if (
-            env._processing
-            or self._boundary_pending
-            or (env._queue and env._queue[0][0] == env._now)
-        ):
+        if env.processing or self._boundary_pending or env.event_due_now():
             self._request_boundary()
             return
-        try:
-            self._admit()
-        except BaseException as error:
-            self._fail(error)
-            raise
+        self._admit_between_timestamps()
 
-    def _admit(self) -> None:
-        raise NotImplementedError
+    @engine_work
+    def _admit_between_timestamps(self) -> None:
+        self._admit()
 
     def _proposed(self, decision: AdmissionDecision) -> Request:
         """The request a scheduler decision names; it must be queued (waiting or preempted)."""

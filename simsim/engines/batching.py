@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
-from simpy.events import NORMAL, Event
+from simpy.events import Event
 
 from simsim.backend import Backend, SimulatedBackend, check_duration_us, iteration_cost_us
-from simsim.clock import MAX_TIME_US, Environment
-from simsim.engines.base import EngineBase, positive_int, queued_request
+from simsim.clock import MAX_TIME_US, Environment, time_overflow
+from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
@@ -98,8 +97,7 @@ class _IterationEvent(Event):
         self.callbacks = [callback]
         self._ok = True
         self._value = None
-        self.sequence = next(env._eid)
-        heappush(env._queue, (at_us, NORMAL, self.sequence, self))
+        self.sequence = env.schedule_at(self, at_us)
 
 
 class _Iteration:
@@ -242,37 +240,34 @@ class BatchingEngine(EngineBase):
     def _is_idle(self) -> bool:
         return self._iteration is None
 
+    @engine_work
     def _on_iteration_end(self, event: _IterationEvent) -> None:
-        try:
-            iteration = self._iteration
-            if iteration is None or iteration.event is not event:
-                if event in self._abandoned:
-                    self._abandoned.discard(event)
-                    self._ignored_cancelled_event_count += 1
-                    self._processed_event_count += 1
-                    return
-                raise StaleEventError(
-                    f"an iteration end (sequence {event.sequence}) came up at "
-                    f"{self._env._now} us that the engine was not waiting for"
-                )
-            self._iteration = None
-            self._ending = iteration
-            now = self._env._now
-            for slot, chunk in iteration.participants:
-                if slot.left:
-                    continue  # cancelled during the iteration: its share is ignored
-                if chunk is None:
-                    self._decoded(slot, now)
-                else:
-                    self._prefilled(slot, chunk, now)
-            self._ending = None
-            self._iterations.append(iteration.record)
-            self._processed_event_count += 1
-            if self._slots or len(self._scheduler):
-                self._request_boundary()
-        except BaseException as error:
-            self._fail(error)
-            raise
+        iteration = self._iteration
+        now = self._env.now
+        if iteration is None or iteration.event is not event:
+            if event in self._abandoned:
+                self._abandoned.discard(event)
+                self._ignored_cancelled_event_count += 1
+                self._processed_event_count += 1
+                return
+            raise StaleEventError(
+                f"an iteration end (sequence {event.sequence}) came up at "
+                f"{now} us that the engine was not waiting for"
+            )
+        self._iteration = None
+        self._ending = iteration
+        for slot, chunk in iteration.participants:
+            if slot.left:
+                continue  # cancelled during the iteration: its share is ignored
+            if chunk is None:
+                self._decoded(slot, now)
+            else:
+                self._prefilled(slot, chunk, now)
+        self._ending = None
+        self._iterations.append(iteration.record)
+        self._processed_event_count += 1
+        if self._slots or len(self._scheduler):
+            self._request_boundary()
 
     def _prefilled(self, slot: _Slot, chunk: int, now: int) -> None:
         slot.prefilled += chunk
@@ -318,7 +313,7 @@ class BatchingEngine(EngineBase):
             sequence = ending.next_sequence
             ending.next_sequence += 1
         else:
-            sequence = next(self._env._eid)
+            sequence = self._env.next_sequence()
         self._event_log.append(now, sequence, event_type, request_id)
 
     def _leave(self, slot: _Slot) -> None:
@@ -336,7 +331,7 @@ class BatchingEngine(EngineBase):
         backend's answer is refused, the heads the scheduler handed over stay
         ``WAITING`` (or ``PREEMPTED``) with no admission time, as on the single slot.
         """
-        now = self._env._now
+        now = self._env.now
         self._reserve_decode_blocks(now)
         admitted = self._choose_heads(now)
         new_slots = [slot for slot, _ in admitted]
@@ -462,10 +457,7 @@ class BatchingEngine(EngineBase):
         duration = self._price(now, participants, prefill_tokens, prefilling, decoding)
         end = now + duration
         if end > MAX_TIME_US:
-            raise OverflowError(
-                f"an iteration from {now} us lasting {duration} us would end past the "
-                "64-bit limit 2**63 - 1"
-            )
+            raise time_overflow(end, f"the iteration from {now} us lasting {duration} us")
         self._check_output_fits(participants, end, duration)
         record = IterationRecord(
             start_us=now,

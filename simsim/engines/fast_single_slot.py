@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from simsim.backend import Backend
 from simsim.clock import Environment
-from simsim.engines.base import LifecycleEvent, check_duration_us
+from simsim.engines.base import LifecycleEvent, check_duration_us, lifecycle_handler
 from simsim.engines.single_slot import SimulationEngine
 from simsim.records import EventType
 from simsim.request import Request, RequestState
@@ -89,7 +89,7 @@ class FastSimulationEngine(SimulationEngine):
         env = self._env
         # Work ending at or before now has happened (every event at now is done) --
         # unless run(until=now) has just stopped the clock before any event of now.
-        now = env._now - 1 if env._stopped_at == env._now else env._now
+        now = env.now - 1 if env.stopped_before_now else env.now
         prefill_end = self._prefill_end_us
         if now < prefill_end or request._pending.event_type is _PREFILL:
             return
@@ -160,58 +160,42 @@ class FastSimulationEngine(SimulationEngine):
         self._step_us = step
         return self._done_callbacks, _COMPLETE, prefill_end + step * tokens
 
-    def _on_prefill_complete(self, event: LifecycleEvent) -> None:
+    @lifecycle_handler
+    def _on_prefill_complete(self, event: LifecycleEvent, request: Request) -> None:
         # Only zero-cost prefills have an event of their own (see _plan_work).
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            if request.state is not _PREFILLING:
-                self._raise_stale(event)
-            callback, event_type, at = self._plan_decode(request, self._env._now)
-            event.requeue(callback, event_type, at)
-            self._processed_event_count += 1
-        except BaseException as error:
-            self._fail(error)
-            raise
+        if request.state is not _PREFILLING:
+            self._raise_stale(event)
+        callback, event_type, at = self._plan_decode(request, self._env.now)
+        event.requeue(callback, event_type, at)
+        self._processed_event_count += 1
 
-    def _on_work_done(self, event: LifecycleEvent) -> None:
+    @lifecycle_handler
+    def _on_work_done(self, event: LifecycleEvent, request: Request) -> None:
         """The request's last piece of work ended: it has everything and completes.
 
         The full engine's prefill, decode and completion handlers in one, kept flat:
         this runs once per request and is most of the fast engine's time.
         """
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            now = self._env._now
-            limit = request.max_output_tokens
-            if request.state is _PREFILLING:
-                request.prefill_end_time_us = self._prefill_end_us
-                if limit > 0:
-                    request.transition_to(_DECODING, now)
+        now = self._env.now
+        limit = request.max_output_tokens
+        if request.state is _PREFILLING:
+            request.prefill_end_time_us = self._prefill_end_us
             if limit > 0:
-                request.generated_token_count = limit
-                if request.first_token_time_us is None:
-                    request.first_token_time_us = self._prefill_end_us + self._step_us
-            self._finish(request, event.sequence)
-        except BaseException as error:
-            self._fail(error)
-            raise
+                request.transition_to(_DECODING, now)
+        if limit > 0:
+            request.generated_token_count = limit
+            if request.first_token_time_us is None:
+                request.first_token_time_us = self._prefill_end_us + self._step_us
+        self._finish(request, event.sequence)
 
     def _fill_free_slot(self) -> None:
         # Called last in this engine's own event callbacks. If nothing else is due at
         # this time, the boundary would be the very next event: admit now instead,
         # and let run_next_timestamp() pause here exactly as after a boundary.
-        env = self._env
-        queue = env._queue
-        if self._boundary_pending or (queue and queue[0][0] == env._now):
+        if self._boundary_pending or self._env.event_due_now():
             self._request_boundary()
             return
-        self._boundary_fired = True
+        self._note_admission_ran()
         self._admit()
 
     def _cancel_active(self, request: Request, now: int) -> None:
@@ -237,7 +221,7 @@ class FastSimulationEngine(SimulationEngine):
         pending = request._pending
         if pending is None or pending.event_type is _PREFILL:
             return False  # the prefill's own event is real (zero cost): in the heap
-        since_prefill_end = env._now - self._prefill_end_us
+        since_prefill_end = env.now - self._prefill_end_us
         if since_prefill_end < 0:
             return False
         if since_prefill_end == 0:

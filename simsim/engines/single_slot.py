@@ -17,8 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from simsim.backend import Backend
-from simsim.clock import MAX_TIME_US, Environment
-from simsim.engines.base import EngineBase, LifecycleEvent, check_duration_us, positive_int
+from simsim.clock import MAX_TIME_US, Environment, time_overflow
+from simsim.engines.base import (
+    EngineBase,
+    LifecycleEvent,
+    check_duration_us,
+    lifecycle_handler,
+    positive_int,
+)
 from simsim.errors import InvalidTransitionError
 from simsim.records import EventType
 from simsim.request import Request, RequestState
@@ -36,12 +42,6 @@ _ARRIVAL = EventType.REQUEST_ARRIVAL
 _PREFILL = EventType.PREFILL_COMPLETE
 _DECODE = EventType.DECODE_STEP_COMPLETE
 _COMPLETE = EventType.REQUEST_COMPLETE
-
-
-def _overflow(at_us: int, request_id: int) -> OverflowError:
-    return OverflowError(
-        f"request {request_id}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1"
-    )
 
 
 class SimulationEngine(EngineBase):
@@ -89,39 +89,35 @@ class SimulationEngine(EngineBase):
     def _is_idle(self) -> bool:
         return self._active is None
 
-    def _on_prefill_complete(self, event: LifecycleEvent) -> None:
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            now = self._env._now
-            if request.state is not _PREFILLING:
-                self._raise_stale(event)
-            tokens = request.max_output_tokens
-            if tokens > 0:
-                cost = self._decode_step_us(request)
-                if now + cost * tokens > MAX_TIME_US:
-                    # Refuse now rather than step towards an overflow token by token.
-                    raise OverflowError(
-                        f"request {request.request_id}: {tokens} output tokens "
-                        f"(max_output_tokens) at {cost} us per decode step from {now} us "
-                        f"would finish at {now + cost * tokens} us, past the 64-bit limit "
-                        "2**63 - 1"
-                    )
-                processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
-                request.transition_to(_DECODING, now)
-            else:
-                processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
-            request.prefill_end_time_us = now
-            self._processed_event_count += 1
-            self._event_log.append(now, processed, _PREFILL, request.request_id)
-        except BaseException as error:
-            self._fail(error)
-            raise
+    @lifecycle_handler
+    def _on_prefill_complete(self, event: LifecycleEvent, request: Request) -> None:
+        now = self._env.now
+        if request.state is not _PREFILLING:
+            self._raise_stale(event)
+        tokens = request.max_output_tokens
+        if tokens > 0:
+            cost = self._decode_step_us(request)
+            if now + cost * tokens > MAX_TIME_US:
+                # Refuse now rather than step towards an overflow token by token.
+                raise OverflowError(
+                    f"request {request.request_id}: {tokens} output tokens "
+                    f"(max_output_tokens) at {cost} us per decode step from {now} us "
+                    f"would finish at {now + cost * tokens} us, past the 64-bit limit "
+                    "2**63 - 1"
+                )
+            processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
+            request.transition_to(_DECODING, now)
+        else:
+            processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
+        request.prefill_end_time_us = now
+        self._processed_event_count += 1
+        self._event_log.append(now, processed, _PREFILL, request.request_id)
 
     def _on_decode_step(self, event: LifecycleEvent) -> None:
-        # The hot path: one call per generated token. Kept flat on purpose.
+        # The hot path: one call per generated token, kept flat on purpose. It writes
+        # out what @lifecycle_handler and EventLog.append do, and reads env._now: with
+        # the decorator and append, the full engine took 5-10% longer against raw SimPy
+        # in benchmarks/solvers.py (1e4 requests; docs/performance.md, "Hot paths").
         try:
             request = event.request
             if request._pending is not event:
@@ -162,30 +158,19 @@ class SimulationEngine(EngineBase):
             cost = check_duration_us(cost, "decode_step_us", request.request_id)
         return cost
 
-    def _on_request_complete(self, event: LifecycleEvent) -> None:
-        try:
-            request = event.request
-            if request._pending is not event:
-                self._ignore_or_fail(event)
-                return
-            self._finish(request, event.sequence)
-        except BaseException as error:
-            self._fail(error)
-            raise
+    @lifecycle_handler
+    def _on_request_complete(self, event: LifecycleEvent, request: Request) -> None:
+        self._finish(request, event.sequence)
 
     def _finish(self, request: Request, sequence: int) -> None:
         """The active request completes now: it leaves, and the slot is free."""
-        now = self._env._now
+        now = self._env.now
         request.transition_to(_FINISHED, now)
         # Drop the request <-> event cycle: finished requests stay light for the GC.
         request._pending = request._event = None
         self._active = None
         self._processed_event_count += 1
-        log = self._event_log
-        log.timestamps.append(now)
-        log.sequences.append(sequence)
-        log.types.append(_COMPLETE)
-        log.request_ids.append(request.request_id)
+        self._event_log.append(now, sequence, _COMPLETE, request.request_id)
         if self._completions:
             self._notify_terminal(request)
         if len(self._scheduler):
@@ -196,7 +181,7 @@ class SimulationEngine(EngineBase):
     def _admit(self) -> None:
         """Admit the scheduler's head into the free slot, at the current time."""
         scheduler = self._scheduler
-        now = self._env._now
+        now = self._env.now
         decision = scheduler.decide(now)
         if decision is None:
             return
@@ -208,17 +193,14 @@ class SimulationEngine(EngineBase):
         # Everything is priced and checked before the scheduler or the request changes.
         callback, event_type, at = self._plan_work(request, now, prefill_us)
         if at > MAX_TIME_US:
-            raise _overflow(at, rid)
+            raise time_overflow(at, f"request {rid}")
         self._commit(decision)
         request.transition_to(_PREFILLING, now)
         event = request._event
         event.requeue(callback, event_type, at)
         request._pending = event
         self._active = request
-        log = self._admission_log
-        log.timestamps.append(now)
-        log.request_ids.append(rid)
-        log.epochs.append(decision.epoch)
+        self._admission_log.append(now, rid, decision.epoch)
 
     def _plan_work(
         self, request: Request, now: int, prefill_us: int
