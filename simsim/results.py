@@ -199,7 +199,8 @@ def summarize(
     for state in RequestState:
         metrics[f"count_{state.name}"] = float((states == state.name).sum())
     finished = states == RequestState.FINISHED.name
-    makespan = end_us - start_us
+    # In ints, as before windows existed: a float difference could round differently.
+    makespan = math.nan if start_us is None or end_us is None else float(end_us - start_us)
     metrics["makespan_us"] = makespan
     seconds = makespan / 1e6 if makespan and makespan > 0 else math.nan
     metrics["throughput_requests_per_s"] = float(finished.sum()) / seconds
@@ -253,8 +254,8 @@ def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
 
 def _window(
     requests: pd.DataFrame, warmup_us: int | None, until_us: int | None
-) -> tuple[float, float, pd.DataFrame]:
-    """The window's start and end (``NaN`` when unknown) and the requests it selects."""
+) -> tuple[int | None, int | None, pd.DataFrame]:
+    """The window's start and end (``None`` when unknown) and the requests it selects."""
     warmup = None if warmup_us is None else check_time_us(warmup_us, "warmup_us")
     until = None if until_us is None else check_time_us(until_us, "until_us")
     if warmup is not None and until is not None and until <= warmup:
@@ -263,8 +264,8 @@ def _window(
             f"greater than warmup_us ({warmup})"
         )
     arrival = requests["arrival_time_us"]
-    start = float(warmup) if warmup is not None else _float_or_nan(arrival.min())
-    end = float(until) if until is not None else _float_or_nan(requests["finish_time_us"].max())
+    start = warmup if warmup is not None else _int_or_none(arrival.min())
+    end = until if until is not None else _int_or_none(requests["finish_time_us"].max())
     if warmup is None and until is None:
         return start, end, requests
     keep = pd.Series(True, index=requests.index)
@@ -275,28 +276,29 @@ def _window(
     return start, end, requests[keep.to_numpy(dtype=bool)]
 
 
-def _float_or_nan(value: Any) -> float:
-    return math.nan if pd.isna(value) else float(value)
+def _int_or_none(value: Any) -> int | None:
+    return None if pd.isna(value) else int(value)
 
 
 def _occupancy(
-    requests: pd.DataFrame, start_us: float, end_us: float, slots: int
+    requests: pd.DataFrame, start: int | None, end: int | None, slots: int
 ) -> dict[str, float]:
-    """Time averages over ``[start_us, end_us)`` of the queued and slot-holding counts."""
-    length = end_us - start_us
-    if not length > 0:  # also NaN: an empty frame, or nothing finished
+    """Time averages over ``[start, end)`` of the queued and slot-holding counts."""
+    if start is None or end is None or end <= start:  # an empty frame, or nothing finished
         return {
             "mean_queue_length": math.nan,
             "mean_active_requests": math.nan,
             "utilization": math.nan,
         }
-    arrival = _as_float(requests["arrival_time_us"], end_us)
-    admit = _as_float(requests["admit_time_us"], math.nan)
-    finish = _as_float(requests["finish_time_us"], end_us)
+    # Times relative to the window's start, taken in ints: exact before going to floats.
+    length = float(end - start)
+    arrival = _relative(requests["arrival_time_us"], start, length)
+    admit = _relative(requests["admit_time_us"], start, math.nan)
+    finish = _relative(requests["finish_time_us"], start, length)
     # Queued from arrival until admitted or, if never admitted, until cancelled (or the end).
     left_queue = np.where(np.isnan(admit), finish, admit)
-    queued = _overlap(arrival, left_queue, start_us, end_us)
-    holding = _overlap(np.where(np.isnan(admit), end_us, admit), finish, start_us, end_us)
+    queued = _overlap(arrival, left_queue, length)
+    holding = _overlap(np.where(np.isnan(admit), length, admit), finish, length)
     active = holding / length
     return {
         "mean_queue_length": queued / length,
@@ -305,11 +307,13 @@ def _occupancy(
     }
 
 
-def _as_float(column: pd.Series, missing: float) -> np.ndarray:
-    return column.astype("Float64").to_numpy(dtype="float64", na_value=missing)
+def _relative(column: pd.Series, start: int, missing: float) -> np.ndarray:
+    """``column - start`` as floats, with *missing* where the time is ``<NA>``."""
+    shifted = column.astype("Int64") - start
+    return shifted.astype("Float64").to_numpy(dtype="float64", na_value=missing)
 
 
-def _overlap(begin: np.ndarray, end: np.ndarray, start_us: float, end_us: float) -> float:
-    """Total length of the intervals ``[begin, end)`` inside ``[start_us, end_us)``."""
-    lengths = np.minimum(end, end_us) - np.maximum(begin, start_us)
+def _overlap(begin: np.ndarray, end: np.ndarray, length: float) -> float:
+    """Total length of the intervals ``[begin, end)`` inside ``[0, length)``."""
+    lengths = np.minimum(end, length) - np.maximum(begin, 0.0)
     return float(np.clip(lengths, 0.0, None).sum())

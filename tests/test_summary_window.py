@@ -326,3 +326,16 @@ def test_utilization_matches_rho_and_mm1_queue_length(
     # M/M/1: Lq = rho^2 / (1 - rho) = 0.5 (the service is nearly exponential:
     # geometric with a 1 us offset, so a looser tolerance).
     assert v["mean_queue_length"] == pytest.approx(rho**2 / (1 - rho), rel=0.1)
+
+
+def test_makespan_is_exact_far_from_zero() -> None:
+    """Times past 2**53 do not fit a float exactly: the window's length is taken in ints."""
+    base = 2**60
+    rows = [(0, S.FINISHED, base + 1, 1, 0, 0, base + 1, base + 4, None, base + 4)]
+    frame = _frame(rows)
+    assert _values(frame)["makespan_us"] == 3
+    v = _values(frame, slots=1, warmup_us=base + 1)
+    assert v["makespan_us"] == 3
+    assert v["requests"] == 1
+    assert v["utilization"] == 1.0  # admitted on arrival, held for all 3 us
+    assert v["mean_queue_length"] == 0.0
