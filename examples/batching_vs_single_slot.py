@@ -6,14 +6,16 @@ continuous-batching server with 16 slots, chunked prefill ("mixed", 512 tokens p
 iteration) and a paged KV cache. A decode step costs a little more per request in the
 batch, so batching trades a slightly slower step for many more tokens per step.
 
-Run it:  python examples/batching_vs_single_slot.py [PLOT.png]
-It prints a table and, when matplotlib is installed, draws the trade-off to PLOT.png
-(default: batching_vs_single_slot.png in the current folder).
+Run it:  python examples/batching_vs_single_slot.py [--out FOLDER] [--no-plot]
+It prints a table and, when matplotlib is installed, draws the trade-off to
+FOLDER/batching_vs_single_slot.png (FOLDER is created if needed; default:
+simsim-results/examples, beside the folder ``simsim run`` writes by default).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +30,8 @@ COSTS = simsim.SimulatedBackendConfig(
     decode_base_us=8_000,
     decode_per_active_sequence_us=300,
 )
+DEFAULT_OUT = Path("simsim-results") / "examples"
+FIGURE = "batching_vs_single_slot.png"
 RATES_PER_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 REQUESTS = 300
 
@@ -90,13 +94,17 @@ def plot(table: pd.DataFrame, path: Path) -> bool:
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle("Batching vs single slot (simulated from the cost model, not measured)")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
 
 
-def main(plot_path: Path | None = Path("batching_vs_single_slot.png")) -> pd.DataFrame:
-    """Sweep the rates for both servers, print the table, draw the plot."""
+def main(out: Path | None = DEFAULT_OUT) -> pd.DataFrame:
+    """Sweep the rates for both servers, print the table, draw the plot into *out*.
+
+    *out* is a folder, created if needed; ``None`` draws nothing.
+    """
     rows = [run(server, rate) for rate in RATES_PER_S for server in ("single slot", "batching")]
     table = pd.DataFrame(rows)
     print(f"{REQUESTS} requests per run; times simulated from the cost model")
@@ -106,10 +114,21 @@ def main(plot_path: Path | None = Path("batching_vs_single_slot.png")) -> pd.Dat
             f"{row['rate_per_s']:>7.2f}  {row['server']:<12}{row['tokens_per_s']:>10.1f}"
             f"{row['ttft_p50_ms'] / 1000:>11.2f}s{row['e2e_p90_ms'] / 1000:>11.2f}s"
         )
-    if plot_path is not None and plot(table, plot_path):
-        print(f"plot: {plot_path}")
+    if out is not None and plot(table, Path(out) / FIGURE):
+        print(f"plot: {Path(out) / FIGURE}")
     return table
 
 
+def parse_args(argv: Sequence[str] | None = None) -> Path | None:
+    """The folder for the figure from the command line (``None`` with ``--no-plot``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="folder for the figure (default: %(default)s)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="print the table only")
+    args = parser.parse_args(argv)
+    return None if args.no_plot else args.out
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("batching_vs_single_slot.png"))
+    main(parse_args())

@@ -54,10 +54,13 @@ from simsim.sweeps.sweep import SUMMARY_FILE
 __all__ = [
     "FIGURES",
     "GANTT_MAX_REQUESTS",
+    "ITERATIONS_BIN_AFTER",
+    "ITERATION_WINDOWS",
     "FigureSpec",
     "ResultsFolder",
     "SweepFolder",
     "draw_gantt",
+    "draw_iterations",
     "draw_latency_cdf",
     "draw_sweep_latency",
     "draw_sweep_throughput",
@@ -76,6 +79,12 @@ TIMELINE_SMOOTH_AFTER: Final = 400
 
 TIMELINE_WINDOWS: Final = 200
 """How many equal windows the timeline's windowed means use."""
+
+ITERATIONS_BIN_AFTER: Final = 400
+"""Above this many iterations the token panel shows tokens per second per time window."""
+
+ITERATION_WINDOWS: Final = 150
+"""How many equal time windows the binned token panel uses."""
 
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
 
@@ -341,11 +350,15 @@ def draw_timeline(requests: pd.DataFrame) -> Figure:
 
 
 def draw_iterations(iterations: pd.DataFrame) -> Figure:
-    """The batching server's iterations: batch size, KV blocks in use, tokens per step.
+    """The batching server's iterations: batch size, KV blocks in use, tokens processed.
 
-    One step per iteration, from its start to its (planned) end; abandoned iterations
-    are marked. Reads the ``iterations`` table that ``simsim run`` writes for
-    ``engine = "batching"``.
+    The batch size and KV panels draw one step per iteration, from its start to its
+    (planned) end; abandoned iterations are marked. The token panel stacks prefill and
+    decode tokens: per iteration for up to :data:`ITERATIONS_BIN_AFTER` iterations,
+    beyond that as tokens per simulated second in :data:`ITERATION_WINDOWS` equal time
+    windows (each completed iteration counted in the window of its end), so that
+    thousands of iterations stay readable. Reads the ``iterations`` table that
+    ``simsim run`` writes for ``engine = "batching"``.
     """
     frame = iterations.sort_values("start_us", kind="stable")
     starts = frame["start_us"].to_numpy(dtype=np.int64)
@@ -368,16 +381,26 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
     tokens = axes[2]
     if len(frame):
         prefill = frame["prefill_tokens"].to_numpy(dtype=np.int64)
-        total = prefill + frame["decoding_count"].to_numpy(dtype=np.int64)
-        x = starts / scale
-        # Stacked steps, not bars: thousands of iterations draw in a blink this way.
-        tokens.fill_between(
-            x, total, step="post", color=_DECODE_COLOR, alpha=0.6, label="decode tokens"
-        )
-        tokens.fill_between(
-            x, prefill, step="post", color=_PREFILL_COLOR, alpha=0.8, label="prefill tokens"
-        )
+        decode = frame["decoding_count"].to_numpy(dtype=np.int64)
         abandoned = frame["abandoned"].astype(bool).to_numpy()
+        if len(frame) > ITERATIONS_BIN_AFTER and end > 0:
+            done = ~abandoned
+            _draw_token_rates(tokens, ends[done], prefill[done], decode[done], end, scale, unit)
+        else:
+            x = starts / scale
+            # Stacked steps, not bars: hundreds of iterations draw in a blink this way.
+            tokens.fill_between(
+                x,
+                prefill + decode,
+                step="post",
+                color=_DECODE_COLOR,
+                alpha=0.6,
+                label="decode tokens",
+            )
+            tokens.fill_between(
+                x, prefill, step="post", color=_PREFILL_COLOR, alpha=0.8, label="prefill tokens"
+            )
+            tokens.set_ylabel("tokens per iteration")
         if abandoned.any():
             tokens.plot(
                 starts[abandoned] / scale,
@@ -389,11 +412,54 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
         tokens.legend(loc="upper right", fontsize="small")
     else:
         _no_data(tokens, "no iterations")
-    tokens.set_ylabel("tokens per iteration")
+        tokens.set_ylabel("tokens per iteration")
     tokens.set_xlabel(f"simulated time ({unit})")
     tokens.grid(True, alpha=0.3)
     fig.suptitle(f"Batching iterations, {len(frame)} launched ({SIMULATED_NOTE})")
     return fig
+
+
+def _draw_token_rates(
+    ax: Axes,
+    ends: npt.NDArray[np.int64],
+    prefill: npt.NDArray[np.int64],
+    decode: npt.NDArray[np.int64],
+    end: int,
+    scale: float,
+    unit: str,
+) -> None:
+    """Prefill and decode tokens per simulated second, stacked, in equal time windows.
+
+    Each completed iteration counts in the window holding its end, when its tokens are
+    done; abandoned iterations processed nothing and are left out.
+    """
+    edges = np.linspace(0.0, float(end), ITERATION_WINDOWS + 1)
+    width_us = float(end) / ITERATION_WINDOWS
+    per_second = 1e6 / width_us
+    prefill_rate = np.histogram(ends, bins=edges, weights=prefill)[0] * per_second
+    decode_rate = np.histogram(ends, bins=edges, weights=decode)[0] * per_second
+    left = edges[:-1] / scale
+    width = width_us / scale
+    ax.bar(
+        left,
+        prefill_rate,
+        width=width,
+        align="edge",
+        color=_PREFILL_COLOR,
+        alpha=0.8,
+        label="prefill tokens",
+    )
+    ax.bar(
+        left,
+        decode_rate,
+        width=width,
+        bottom=prefill_rate,
+        align="edge",
+        color=_DECODE_COLOR,
+        alpha=0.6,
+        label="decode tokens",
+    )
+    ax.set_ylabel(f"tokens / s\n(per {width:.3g} {unit} window)")
 
 
 def _windowed_mean(

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import Request, RequestState
-
-if TYPE_CHECKING:
-    from simsim.engines.base import EngineBase
 
 __all__ = [
     "DEFAULT_PERCENTILES",
@@ -140,6 +138,9 @@ def summarize(
     ttft_slo_us: int | None = None,
     tpot_slo_us: float | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    slots: int | None = None,
+    warmup_us: int | None = None,
+    until_us: int | None = None,
 ) -> pd.DataFrame:
     """Summarise a :func:`requests_frame`: one row per metric, in a ``value`` column.
 
@@ -157,39 +158,73 @@ def summarize(
     ``tpot_us`` meets a TPOT target) and ``goodput_requests_per_s`` (those requests
     per simulated second of makespan). Missing values (no finished request, say) are
     ``NaN``.
+
+    **Measurement window.** ``warmup_us`` and ``until_us`` (int microseconds, either or
+    both) restrict the summary to the window ``[warmup_us, until_us)``, so that the
+    start-up transient can be left out. The window starts at ``warmup_us`` (default:
+    the first arrival) and ends at ``until_us`` (default: the last finish); every
+    per-request metric (counts, latencies, throughput, SLO rows) then covers only the
+    requests that *arrived* in the window (``warmup_us <= arrival_time_us <
+    until_us``; a bound not given does not filter), each counted whole even if it
+    finishes after ``until_us``; ``makespan_us`` is the window's length, and
+    throughputs are per second of it. Without either argument, the window is first
+    arrival to last finish and every number is as without a window.
+
+    **Occupancy** (with ``slots``, the server's slot count: ``1`` for the single-slot
+    engines, ``max_active_requests`` for the batching engine) adds three rows, time
+    averages over the window in which every request counts for the part of its
+    interval inside the window, whether it arrived in the window or not:
+
+    - ``mean_queue_length``: the number of requests queued (arrived, not yet admitted,
+      not cancelled): each request's ``[arrival, admit)`` interval, or
+      ``[arrival, finish)`` if it was cancelled while queued;
+    - ``mean_active_requests``: the number holding a slot, each request's
+      ``[admit, finish)`` interval (finished or cancelled);
+    - ``utilization``: ``mean_active_requests / slots``, the busy fraction per slot.
+
+    An interval still open (a frame taken before the run ended) is cut at the window's
+    end. The frame holds only a request's first admission: a request preempted by the
+    batching engine counts as holding its slot from its first admission to its finish,
+    also while it waited to be readmitted, so with preemptions ``utilization`` is an
+    upper bound and ``mean_queue_length`` a lower bound.
     """
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
         raise ValueError(f"summarize needs a requests_frame(); missing columns {missing}")
     labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
-    metrics: dict[str, float] = {"requests": float(len(requests))}
-    states = requests["state"].astype(str)
+    slot_count = None if slots is None else check_count(slots, "slots", minimum=1)
+    start_us, end_us, selected = _window(requests, warmup_us, until_us)
+    metrics: dict[str, float] = {"requests": float(len(selected))}
+    states = selected["state"].astype(str)
     for state in RequestState:
         metrics[f"count_{state.name}"] = float((states == state.name).sum())
     finished = states == RequestState.FINISHED.name
-    makespan = _makespan_us(requests)
+    # In ints, as before windows existed: a float difference could round differently.
+    makespan = math.nan if start_us is None or end_us is None else float(end_us - start_us)
     metrics["makespan_us"] = makespan
     seconds = makespan / 1e6 if makespan and makespan > 0 else math.nan
     metrics["throughput_requests_per_s"] = float(finished.sum()) / seconds
-    metrics["throughput_tokens_per_s"] = float(requests["generated_token_count"].sum()) / seconds
+    metrics["throughput_tokens_per_s"] = float(selected["generated_token_count"].sum()) / seconds
     for column in _LATENCY_COLUMNS:
-        values = requests[column].dropna().astype("float64")
+        values = selected[column].dropna().astype("float64")
         metrics[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
         for label, q in labels:
             metrics[f"{column}_{label}"] = float(values.quantile(q)) if len(values) else math.nan
     if ttft_slo_us is not None or tpot_slo_us is not None:
         good = finished.to_numpy(dtype=bool, copy=True)
         if ttft_slo_us is not None:
-            ttft = requests["ttft_us"].astype("Float64")
+            ttft = selected["ttft_us"].astype("Float64")
             # A zero-output request has no first token: TTFT counts as its e2e latency.
-            ttft = ttft.fillna(requests["e2e_latency_us"].astype("Float64"))
+            ttft = ttft.fillna(selected["e2e_latency_us"].astype("Float64"))
             good &= (ttft <= ttft_slo_us).fillna(False).to_numpy(dtype=bool)
         if tpot_slo_us is not None:
-            tpot = requests["tpot_us"].astype("Float64")
+            tpot = selected["tpot_us"].astype("Float64")
             good &= (tpot <= tpot_slo_us).fillna(True).to_numpy(dtype=bool)
-        total = len(requests)
+        total = len(selected)
         metrics["slo_attainment"] = float(good.sum()) / total if total else math.nan
         metrics["goodput_requests_per_s"] = float(good.sum()) / seconds
+    if slot_count is not None:
+        metrics.update(_occupancy(requests, start_us, end_us, slot_count))
     frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
     frame.index.name = "metric"
     return frame
@@ -217,20 +252,68 @@ def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
     return checked
 
 
-def _makespan_us(requests: pd.DataFrame) -> float:
-    if requests.empty:
-        return math.nan
-    first = requests["arrival_time_us"].min()
-    last = requests["finish_time_us"].max()
-    if pd.isna(first) or pd.isna(last):
-        return math.nan
-    return float(last - first)
+def _window(
+    requests: pd.DataFrame, warmup_us: int | None, until_us: int | None
+) -> tuple[int | None, int | None, pd.DataFrame]:
+    """The window's start and end (``None`` when unknown) and the requests it selects."""
+    warmup = None if warmup_us is None else check_time_us(warmup_us, "warmup_us")
+    until = None if until_us is None else check_time_us(until_us, "until_us")
+    if warmup is not None and until is not None and until <= warmup:
+        raise ValueError(
+            f"the measurement window must not be empty: until_us ({until}) must be "
+            f"greater than warmup_us ({warmup})"
+        )
+    arrival = requests["arrival_time_us"]
+    start = warmup if warmup is not None else _int_or_none(arrival.min())
+    end = until if until is not None else _int_or_none(requests["finish_time_us"].max())
+    if warmup is None and until is None:
+        return start, end, requests
+    keep = pd.Series(True, index=requests.index)
+    if warmup is not None:
+        keep &= arrival >= warmup
+    if until is not None:
+        keep &= arrival < until
+    return start, end, requests[keep.to_numpy(dtype=bool)]
 
 
-def frames_of(engine: EngineBase) -> dict[str, pd.DataFrame]:
-    """All of an engine's frames by name: ``requests``, ``events``, ``admissions``."""
+def _int_or_none(value: Any) -> int | None:
+    return None if pd.isna(value) else int(value)
+
+
+def _occupancy(
+    requests: pd.DataFrame, start: int | None, end: int | None, slots: int
+) -> dict[str, float]:
+    """Time averages over ``[start, end)`` of the queued and slot-holding counts."""
+    if start is None or end is None or end <= start:  # an empty frame, or nothing finished
+        return {
+            "mean_queue_length": math.nan,
+            "mean_active_requests": math.nan,
+            "utilization": math.nan,
+        }
+    # Times relative to the window's start, taken in ints: exact before going to floats.
+    length = float(end - start)
+    arrival = _relative(requests["arrival_time_us"], start, length)
+    admit = _relative(requests["admit_time_us"], start, math.nan)
+    finish = _relative(requests["finish_time_us"], start, length)
+    # Queued from arrival until admitted or, if never admitted, until cancelled (or the end).
+    left_queue = np.where(np.isnan(admit), finish, admit)
+    queued = _overlap(arrival, left_queue, length)
+    holding = _overlap(np.where(np.isnan(admit), length, admit), finish, length)
+    active = holding / length
     return {
-        "requests": engine.requests_frame(),
-        "events": engine.events_frame(),
-        "admissions": engine.admissions_frame(),
+        "mean_queue_length": queued / length,
+        "mean_active_requests": active,
+        "utilization": active / slots,
     }
+
+
+def _relative(column: pd.Series, start: int, missing: float) -> np.ndarray:
+    """``column - start`` as floats, with *missing* where the time is ``<NA>``."""
+    shifted = column.astype("Int64") - start
+    return shifted.astype("Float64").to_numpy(dtype="float64", na_value=missing)
+
+
+def _overlap(begin: np.ndarray, end: np.ndarray, length: float) -> float:
+    """Total length of the intervals ``[begin, end)`` inside ``[0, length)``."""
+    lengths = np.minimum(end, length) - np.maximum(begin, 0.0)
+    return float(np.clip(lengths, 0.0, None).sum())

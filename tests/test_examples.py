@@ -2,7 +2,9 @@
 
 Simulations are deterministic, so an example's printed report is a contract: the golden
 files in tests/golden/ are compared line for line. Regenerate one deliberately with
-``python examples/NAME.py > tests/golden/NAME.txt`` when a change is meant to alter it.
+``python examples/NAME.py > tests/golden/NAME.txt`` when a change is meant to alter it
+(for an example that draws figures, ``python examples/NAME.py --out OUT``, then delete
+the ``OUT`` folder: golden files name the figure folder ``OUT``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 SCRIPTS = sorted(path.stem for path in EXAMPLES.glob("*.py"))
 
+#: The figures each drawing example writes into the folder given with ``--out``.
+FIGURES = {"batching_vs_single_slot": ["batching_vs_single_slot.png"]}
+
 
 def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
@@ -35,18 +40,43 @@ def test_every_example_has_a_golden_output() -> None:
     assert sorted(path.stem for path in GOLDEN.glob("*.txt")) == SCRIPTS
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_example_prints_its_golden_output(name: str, tmp_path: Path) -> None:
-    # Run from an empty folder: whatever an example writes lands there, not in the repo.
+def _run_example(name: str, cwd: Path, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / f"{name}.py")],
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
         capture_output=True,
         text=True,
         check=False,
-        cwd=tmp_path,
+        cwd=cwd,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == (GOLDEN / f"{name}.txt").read_text()
+    return result.stdout
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_example_prints_its_golden_output(name: str, tmp_path: Path) -> None:
+    # Run from an empty folder: an example writes nothing there; figures go to --out.
+    work, out = tmp_path / "work", tmp_path / "figures"
+    work.mkdir()
+    args = ["--out", str(out)] if name in FIGURES else []
+    stdout = _run_example(name, work, *args)
+    assert stdout.replace(str(out), "OUT") == (GOLDEN / f"{name}.txt").read_text()
+    assert list(work.iterdir()) == []
+    if name in FIGURES:
+        assert sorted(path.name for path in out.iterdir()) == FIGURES[name]
+        for figure in FIGURES[name]:
+            assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not out.exists()
+
+
+def test_figures_default_to_a_results_folder_never_the_current_one(tmp_path: Path) -> None:
+    for name, figures in FIGURES.items():
+        module = load(name)
+        assert module.parse_args([]) == Path("simsim-results") / "examples"
+        assert module.parse_args(["--out", str(tmp_path)]) == tmp_path
+        assert module.parse_args(["--no-plot"]) is None
+        for figure in figures:
+            assert Path(figure).name == figure  # a file name inside the folder, no path
 
 
 def test_open_loop_finishes_every_request(capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,8 +157,8 @@ def test_bursty_scenario_example_runs_and_cancels_impatient_clients(tmp_path: Pa
 
 
 def test_batching_beats_the_single_slot_under_load(tmp_path: Path) -> None:
-    table = load("batching_vs_single_slot").main(tmp_path / "tradeoff.png")
-    assert (tmp_path / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    table = load("batching_vs_single_slot").main(tmp_path / "figures")
+    assert (tmp_path / "figures" / "batching_vs_single_slot.png").read_bytes()[:4] == b"\x89PNG"
     single = table[table["server"] == "single slot"].set_index("rate_per_s")
     batching = table[table["server"] == "batching"].set_index("rate_per_s")
     # Light load: both keep up, so both carry the same tokens per second (within 1%).

@@ -350,3 +350,52 @@ def test_cli_plot_without_matplotlib_says_how_to_install_it(
     assert "pip install 'simsim[plot]'" in err
     assert "matplotlib" in err
     assert sorted(small_results.iterdir()) == before
+
+
+# ---------------------------------------------------------------------- iterations
+
+
+def _iterations(count: int) -> pd.DataFrame:
+    """*count* back-to-back 10 us iterations (5 prefill + 3 decode tokens); every 7th abandoned."""
+    starts = np.arange(count, dtype=np.int64) * 10
+    return pd.DataFrame(
+        {
+            "start_us": pd.array(starts, dtype="Int64"),
+            "end_us": pd.array(starts + 10, dtype="Int64"),
+            "prefill_tokens": 5,
+            "prefilling_count": 1,
+            "decoding_count": 3,
+            "abandoned": np.arange(count) % 7 == 6,
+            "batch_size": 4,
+            "kv_blocks_in_use": 9,
+        }
+    )
+
+
+def test_iterations_token_panel_bins_thousands_of_iterations() -> None:
+    count = 7000
+    frame = _iterations(count)
+    fig = plots.draw_iterations(frame)
+    try:
+        tokens = fig.axes[2]
+        bars = tokens.patches
+        # Two stacked bars (prefill, decode) per window instead of 7,000 steps.
+        assert len(bars) == 2 * plots.ITERATION_WINDOWS
+        window_s = count * 10 / plots.ITERATION_WINDOWS / 1e6
+        processed = int((~frame["abandoned"]).sum()) * (5 + 3)
+        assert sum(bar.get_height() for bar in bars) * window_s == pytest.approx(processed)
+        assert tokens.get_ylabel().startswith("tokens / s")
+        assert tokens.get_xlabel() == "simulated time (ms)"
+    finally:
+        plt.close(fig)
+
+
+def test_iterations_token_panel_keeps_steps_for_a_few_iterations() -> None:
+    fig = plots.draw_iterations(_iterations(plots.ITERATIONS_BIN_AFTER))
+    try:
+        tokens = fig.axes[2]
+        assert not tokens.patches
+        assert tokens.get_ylabel() == "tokens per iteration"
+        assert tokens.get_xlabel() == "simulated time (ms)"
+    finally:
+        plt.close(fig)

@@ -573,3 +573,18 @@ def test_summarize_does_not_modify_its_input(worked: simsim.SimulationEngine) ->
     copy = frame.copy()
     simsim.summarize(frame, ttft_slo_us=300, tpot_slo_us=10)
     pd.testing.assert_frame_equal(frame, copy)
+
+
+def test_results_module_imports_nothing_from_the_engines() -> None:
+    """Results read records; the engines use results, never the other way round."""
+    import ast
+    from pathlib import Path
+
+    source = Path(simsim.results.__file__).read_text(encoding="utf-8")
+    imported = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.append(node.module)
+        elif isinstance(node, ast.Import):
+            imported.extend(alias.name for alias in node.names)
+    assert not [name for name in imported if name.startswith("simsim.engines")]
