@@ -127,6 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. `| head`) went away; that is not an error of ours.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
+    except KeyboardInterrupt:
+        print("\nsimsim: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("simsim: error: out of memory; try fewer requests", file=sys.stderr)
+        return 1
+    except Exception as error:  # the last line of defence for a CLI user
+        # Every expected problem is reported above or where it happens; this is a bug in
+        # simsim. One line still beats a traceback for the user, and names what to report.
+        print(
+            f"simsim: internal error: {type(error).__name__}: {error} "
+            "(a bug in simsim: please report it with the command and files used)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _load(args: argparse.Namespace) -> Scenario:
@@ -137,6 +152,24 @@ def _load(args: argparse.Namespace) -> Scenario:
     return load_scenario(args.scenario, seed=args.seed)
 
 
+def _output_folder(value: str) -> Path:
+    """*value* as a results folder, created if missing; a file or unwritable place is refused.
+
+    Checked before anything runs, so a long simulation never ends in a failed write.
+    """
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise ScenarioError("--out", "", f"{value} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ScenarioError("--out", "", f"cannot create the folder {value} ({reason})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ScenarioError("--out", "", f"the folder {value} is not writable")
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     scenario = _load(args)
     if args.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
@@ -145,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    out = _output_folder(args.out)
     started = time.monotonic()
     try:
         engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
@@ -167,14 +201,16 @@ def _run(args: argparse.Namespace) -> int:
         frames["iterations"] = engine.iterations_frame()
     summary = summarize(frames["requests"])
     frames["summary"] = summary.reset_index()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     for name, frame in frames.items():
         path = out / f"{name}.{args.format}"
-        if args.format == "csv":
-            frame.to_csv(path, index=False)
-        else:
-            frame.to_parquet(path, index=False)
+        try:
+            if args.format == "csv":
+                frame.to_csv(path, index=False)
+            else:
+                frame.to_parquet(path, index=False)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise ScenarioError("--out", "", f"cannot write {path} ({reason})") from None
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     print(_summary_table(summary))
     print(
@@ -233,7 +269,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ScenarioError("--workers", "", f"must be at least 1, got {args.workers}")
     spec = load_sweep(args.sweep_file)
-    out = Path(args.out)
+    out = _output_folder(args.out)
     with contextlib.ExitStack() as stack:
         executor = None
         if args.dask is not None:
@@ -339,12 +375,12 @@ def _plot(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        results, target = Path(args.results), Path(args.out) if args.out else None
+        results, target = Path(args.results), _output_folder(args.out) if args.out else None
         if (results / MANIFEST).exists():
             written = plots.plot_sweep(results, target)
         else:
             written = plots.plot_results(results, target)
-    except (FileNotFoundError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError) as error:
         print(f"simsim: error: {error}", file=sys.stderr)
         return 2
     for path in written:

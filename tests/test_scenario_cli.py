@@ -620,10 +620,11 @@ BAD_TRACES = [
         id="missing-column",
     ),
     pytest.param(
-        TRACE_HEADER.strip() + ",priority\n1,0,1,1,5\n",
+        "request_id,arrival_time_us,prompt_tokens,max_output_tokens\n1,0,1,1\n",
         "line 1",
-        "unknown columns ['priority']",
-        id="unknown-column",
+        "missing columns ['prompt_token_count'] (did you mean 'prompt_tokens' for "
+        "'prompt_token_count'?)",
+        id="misspelt-column",
     ),
 ]
 

@@ -36,9 +36,19 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file; a missing file or bad TOML is a :class:`ScenarioError`."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as error:
         raise ScenarioError(source, "", f"cannot read the file ({error.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise ScenarioError(
+            source,
+            f"line {line}",
+            f"not UTF-8 text (byte 0x{raw[error.start]:02x} at offset {error.start}); "
+            "TOML files must be UTF-8",
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

@@ -8,7 +8,7 @@ from typing import Any
 
 from simsim.scenario.checker import TomlChecker, from_trace_error
 from simsim.scenario.model import RequestSpec
-from simsim.traces import TraceError, read_azure_trace, read_plain_trace
+from simsim.traces import TraceError, TraceOverflowError, read_azure_trace, read_plain_trace
 
 __all__ = ["parse_trace", "read_trace_csv"]
 
@@ -61,9 +61,12 @@ def parse_trace(
                 window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
                 first_request_id=first,
             )
+    except TraceOverflowError as error:
+        # The trace is fine; this file's time_scale or first_request_id pushed it too far.
+        raise check.fail(f"trace.{error.argument}", str(error)) from None
     except TraceError as error:
         raise from_trace_error(error) from None
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise check.fail("trace", str(error)) from None
     return [RequestSpec.of(request) for request in requests]
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from simsim.clock import MAX_TIME_US
 from simsim.scenario.checker import ScenarioError, TomlChecker, from_trace_error, make
 from simsim.scenario.model import Workload
 from simsim.traces import TraceError
@@ -62,6 +63,14 @@ _DISTRIBUTION_KEYS = {
 }
 
 
+MAX_GENERATED_REQUESTS = 10_000_000
+"""The most requests (or closed-loop users) one ``[workload]`` may ask for.
+
+A run holds every request in memory, about 1 GB per million on the fast engine (more on
+the others); a larger count is refused before anything is allocated.
+"""
+
+
 def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None) -> Workload:
     """The workload of a ``[workload]`` table (open or closed loop)."""
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
@@ -69,24 +78,32 @@ def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path 
     try:
         if kind == "closed_loop":
             check.keys(table, _CLOSED_LOOP_KEYS, where)
+            users = _bounded_count(check, table, "users")
+            per_user = check.optional_integer(table, "requests_per_user", where)
+            first = check.integer(table, "first_request_id", where, default=0)
+            if per_user is not None:
+                _check_ids(check, first, users * per_user)
             return ClosedLoopWorkload(
-                users=check.integer(table, "users", where),
+                users=users,
                 think_time_us=_parse_distribution(check, table, "think_time_us", base_dir),
                 prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
                 output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
-                requests_per_user=check.optional_integer(table, "requests_per_user", where),
+                requests_per_user=per_user,
                 horizon_us=check.optional_time(table, "horizon_us", where),
-                first_request_id=check.integer(table, "first_request_id", where, default=0),
+                first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
             )
         check.keys(table, _OPEN_LOOP_KEYS, where)
+        count = _bounded_count(check, table, "count")
+        first = check.integer(table, "first_request_id", where, default=0)
+        _check_ids(check, first, count)
         return OpenLoopWorkload(
             arrivals=_parse_arrivals(check, table),
             prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
             output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
-            count=check.integer(table, "count", where),
+            count=count,
             patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
-            first_request_id=check.integer(table, "first_request_id", where, default=0),
+            first_request_id=first,
             start_us=check.time(table, "start_time_us", where, default=0),
         )
     except ScenarioError:
@@ -95,6 +112,26 @@ def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path 
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail(where, str(error)) from None
+
+
+def _bounded_count(check: TomlChecker, table: Mapping[str, Any], key: str) -> int:
+    value = check.integer(table, key, "workload")
+    if value > MAX_GENERATED_REQUESTS:
+        raise check.fail(
+            f"workload.{key}",
+            f"{value:,} is more than the limit of {MAX_GENERATED_REQUESTS:,} per workload "
+            "(every request is held in memory, about 1 GB per million)",
+        )
+    return value
+
+
+def _check_ids(check: TomlChecker, first: int, count: int) -> None:
+    if count and first + count - 1 > MAX_TIME_US:
+        raise check.fail(
+            "workload.first_request_id",
+            f"{first} numbers {count} requests up to {first + count - 1}, past the 64-bit "
+            "limit 2**63 - 1",
+        )
 
 
 def _parse_arrivals(check: TomlChecker, table: Mapping[str, Any]) -> ArrivalProcess:
