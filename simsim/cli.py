@@ -28,7 +28,14 @@ import pandas as pd
 from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
-from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
+from simsim.scenario import (
+    Scenario,
+    ScenarioError,
+    check_scenario,
+    default_scenario,
+    load_scenario,
+    run_scenario,
+)
 from simsim.sweeps.runner import MANIFEST, SweepFolderError
 from simsim.sweeps.spec import load_sweep, run_sweep
 from simsim.sweeps.sweep import SweepResult
@@ -182,6 +189,8 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
+    except ScenarioError:
+        raise  # refused before the run started: a bad file (exit 2), not a failed run
     except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
         # The file was valid but the simulation could not go on (a time past 64 bits,
         # say): report it in one line; the traceback helps nobody using the tool.
@@ -257,7 +266,8 @@ def _ms(value_us: float) -> str:
 
 def _validate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    requests = scenario.all_requests()
+    # Submit every request to the engine (without running it): what run would refuse.
+    requests = check_scenario(scenario)
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
         f"{len(requests)} requests, {len(scenario.cancellations)} cancellations"

@@ -13,7 +13,8 @@ The package, one idea per module:
   :class:`Cancellation`, :class:`BatchingSpec`);
 * ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
   (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
-* ``run``: building the engine and running it; ``defaults``: the built-in scenario.
+* ``run``: building the engine, checking what it refuses at submission, running it;
+  ``defaults``: the built-in scenario.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from simsim.scenario.model import (
     Workload,
 )
 from simsim.scenario.parse import load_scenario, parse_scenario
-from simsim.scenario.run import run_scenario
+from simsim.scenario.run import check_scenario, run_scenario
 from simsim.scenario.trace_table import read_trace_csv
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ScenarioError",
     "TomlChecker",
     "Workload",
+    "check_scenario",
     "default_scenario",
     "load_scenario",
     "parse_scenario",
