@@ -18,13 +18,15 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import pandas as pd
 
+from simsim import __version__
 from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
@@ -81,6 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="simsim",
         description="Simulate an LLM serving engine (simulated costs, not measured hardware).",
     )
+    parser.add_argument("--version", action="version", version=f"simsim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run a scenario and write its results")
@@ -221,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
             reason = error.strerror or str(error)
             raise ScenarioError("--out", "", f"cannot write {path} ({reason})") from None
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
-    print(_summary_table(summary))
+    print(_summary_table(summary, frames["requests"]))
     print(
         f"{engine.processed_event_count} events simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
@@ -230,7 +233,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_table(summary: pd.DataFrame) -> str:
+# Each latency row of the run table: its column, its label, whom it covers (the rows
+# where the value exists) and why it can be missing.
+_LATENCY_ROWS = (
+    ("queue_delay_us", "queue delay", "admitted requests", "no request was admitted"),
+    ("ttft_us", "TTFT", "requests that produced a token", "no request produced a token"),
+    ("e2e_latency_us", "e2e latency", "finished requests", "no request finished"),
+    (
+        "tpot_us",
+        "TPOT",
+        "finished requests with 2+ tokens",
+        "no finished request produced 2+ tokens",
+    ),
+)
+
+
+def _summary_table(summary: pd.DataFrame, requests: pd.DataFrame) -> str:
+    """The run's summary for a terminal: no NaN, every time in ms or s, who each row covers."""
     values = summary["value"]
     lines = []
     counts = ", ".join(
@@ -239,29 +258,39 @@ def _summary_table(summary: pd.DataFrame) -> str:
         if name.startswith("count_") and values[name] > 0
     )
     lines.append(f"requests      {values['requests']:.0f} ({counts})")
-    lines.append(f"makespan      {_ms(values['makespan_us'])}")
-    lines.append(
-        f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
-        f"{values['throughput_tokens_per_s']:.1f} tokens/s"
-    )
-    lines.append(f"{'':14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}")
-    for column, label in (
-        ("queue_delay_us", "queue delay"),
-        ("ttft_us", "TTFT"),
-        ("e2e_latency_us", "e2e latency"),
-        ("tpot_us", "TPOT"),
-    ):
-        cells = "".join(
-            f"{_ms(values[f'{column}_{stat}']):>12}" for stat in ("mean", "p50", "p90", "p99")
+    makespan = values["makespan_us"]
+    if pd.isna(makespan):
+        lines.append("makespan      n/a (no request finished or was cancelled)")
+    else:
+        lines.append(f"makespan      {_duration(makespan)} (first arrival to last end)")
+    if pd.isna(values["throughput_requests_per_s"]):
+        why = "no makespan" if pd.isna(makespan) else f"the makespan is {_duration(makespan)}"
+        lines.append(f"throughput    n/a ({why})")
+    else:
+        lines.append(
+            f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
+            f"{values['throughput_tokens_per_s']:.1f} tokens/s"
         )
-        lines.append(f"{label:<14}{cells}")
+    stats = ("mean", "p50", "p90", "p99")
+    lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
+    for column, label, covers, why_missing in _LATENCY_ROWS:
+        present = int(requests[column].notna().sum())
+        if present == 0:
+            lines.append(f"{label:<14}n/a ({why_missing})")
+            continue
+        cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
+        lines.append(f"{label:<14}{cells}   {present} {covers}")
     return "\n".join(lines)
 
 
-def _ms(value_us: float) -> str:
-    if pd.isna(value_us):
-        return "-"
-    return f"{value_us / 1000:.1f} ms"
+def _duration(value_us: float) -> str:
+    """A simulated duration for people: ms below 10 s, s above; never scientific notation."""
+    ms = float(value_us) / 1000
+    if abs(ms) >= 10_000:
+        return f"{ms / 1000:,.1f} s"
+    if ms == 0 or abs(ms) >= 1:
+        return f"{ms:.1f} ms"
+    return f"{ms:.3f} ms"
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -279,13 +308,14 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ScenarioError("--workers", "", f"must be at least 1, got {args.workers}")
     spec = load_sweep(args.sweep_file)
-    out = _output_folder(args.out)
+    out = Path(args.out)
     with contextlib.ExitStack() as stack:
         executor = None
         if args.dask is not None:
             executor = _dask_executor(args.dask, stack)
             if executor is None:
                 return 2
+        _output_folder(args.out)  # a file or an unmakeable folder exits 2 before any run
         kind = "capacity search" if spec.capacity else "sweep"
         try:
             result, capacity = run_sweep(
@@ -357,19 +387,38 @@ def _sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
             )
         return "\n".join(lines)
     keys = [c for c in ("case", *result.axes) if c in result.runs.columns]
-    wanted = ("ttft_us_p99", "e2e_latency_us_p99", "throughput_tokens_per_s")
-    table = result.summary[result.summary["metric"].isin(wanted)]
-    wide = table.pivot_table(index=["point", *keys], columns="metric", values="mean", sort=False)
-    wide = wide.reindex(columns=[m for m in wanted if m in wide.columns])
+    summary = result.summary
+    points = summary.drop_duplicates(subset="point")[["point", *keys]]
+    shown = pd.DataFrame(index=pd.MultiIndex.from_frame(points))
+    for metric, (title, show) in _SWEEP_COLUMNS.items():
+        means = summary[summary["metric"] == metric].set_index("point")["mean"]
+        if len(means):
+            shown[title] = [
+                "n/a" if pd.isna(value) else show(value) for value in points["point"].map(means)
+            ]
+    note = ""
+    if (shown == "n/a").any().any():
+        note = "\nn/a: no run of that point had the metric (no request produced a token, say)"
     return (
         f"{result.runs['point'].nunique()} points x {result.replications} replications "
-        f"(means over replications):\n{wide.to_string()}"
+        f"(means over replications):\n{shown.to_string()}{note}"
     )
 
 
+# The sweep report's metric columns: title and how a value is shown.
+_SWEEP_COLUMNS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "ttft_us_p99": ("TTFT p99", _duration),
+    "e2e_latency_us_p99": ("e2e latency p99", _duration),
+    "throughput_tokens_per_s": ("tokens/s", lambda v: f"{v:,.1f}"),
+}
+
+
 def _number(value: Any) -> str:
-    """A number for a report, ``-`` for a missing one."""
-    return "-" if value is None or pd.isna(value) else f"{value:g}"
+    """A number for a report (``:g``, but never in scientific notation), ``-`` if missing."""
+    if value is None or pd.isna(value):
+        return "-"
+    text = f"{value:g}"
+    return np.format_float_positional(value, trim="-") if "e" in text else text
 
 
 def _plot(args: argparse.Namespace) -> int:

@@ -105,6 +105,7 @@ def test_bad_batching_settings_name_the_key(tmp_path: Path, text: str, key: str,
 # A request of 100 prompt tokens needs 7 blocks of 16; the whole cache has 4.
 NEVER_FITS = (
     BATCHING
+    + "[backend]\nprefill_base_us = 100\ndecode_base_us = 10\n"
     + "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 4\n"
     + ONE_REQUEST
     + "[[requests]]\nrequest_id = 7\narrival_time_us = 5\n"

@@ -50,16 +50,31 @@ _CANCELLATION_KEYS = ("time_us", "request_id")
 
 
 def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
-    """Read and validate a TOML scenario file; *seed* overrides the file's seed."""
+    """Read and validate a TOML scenario file; *seed* overrides the file's seed.
+
+    The file must give its costs in a ``[backend]`` table (zeros written out are fine).
+    """
     path = Path(path)
-    scenario = parse_scenario(read_toml(path), source=str(path), base_dir=path.parent)
+    scenario = parse_scenario(
+        read_toml(path), source=str(path), base_dir=path.parent, require_backend=True
+    )
     return scenario if seed is None else scenario.with_seed(seed)
 
 
 def parse_scenario(
-    data: Mapping[str, Any], *, source: str = "<scenario>", base_dir: Path | None = None
+    data: Mapping[str, Any],
+    *,
+    source: str = "<scenario>",
+    base_dir: Path | None = None,
+    require_backend: bool = False,
 ) -> Scenario:
-    """Validate an already-parsed TOML document and build the :class:`Scenario`."""
+    """Validate an already-parsed TOML document and build the :class:`Scenario`.
+
+    With *require_backend* (as for every scenario file, see :func:`load_scenario`), a
+    document without a ``[backend]`` table, or with an empty one, is refused: its costs
+    would all be zero. Without it, a missing table means
+    :class:`~simsim.SimulatedBackendConfig`'s defaults (all zero), as in Python.
+    """
     check = TomlChecker(source)
     check.keys(data, _TOP_KEYS, "")
     head = check.table(data, "scenario", "scenario")
@@ -134,6 +149,15 @@ def parse_scenario(
                 f"cancellations[{index}].request_id",
                 f"request {cancellation.request_id} is not in the scenario's requests",
             )
+    if require_backend and not backend_table:
+        # Every cost would be 0 and every latency 0 us: almost always a forgotten table.
+        missing = "missing table" if "backend" not in data else "the table is empty"
+        raise ScenarioError(
+            source,
+            "backend",
+            f"{missing}: every cost would be 0 and every latency 0 us; give the cost model "
+            f"({', '.join(_BACKEND_KEYS)}), writing 0 explicitly for a cost that is zero",
+        )
     return scenario
 
 
