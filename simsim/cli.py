@@ -18,17 +18,26 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import pandas as pd
 
+from simsim import __version__
 from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
-from simsim.scenario import Scenario, ScenarioError, default_scenario, load_scenario, run_scenario
+from simsim.scenario import (
+    Scenario,
+    ScenarioError,
+    check_scenario,
+    default_scenario,
+    load_scenario,
+    run_scenario,
+)
 from simsim.sweeps.runner import MANIFEST, SweepFolderError
 from simsim.sweeps.spec import load_sweep, run_sweep
 from simsim.sweeps.sweep import SweepResult
@@ -74,6 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="simsim",
         description="Simulate an LLM serving engine (simulated costs, not measured hardware).",
     )
+    parser.add_argument("--version", action="version", version=f"simsim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run a scenario and write its results")
@@ -127,6 +137,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. `| head`) went away; that is not an error of ours.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
+    except KeyboardInterrupt:
+        print("\nsimsim: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("simsim: error: out of memory; try fewer requests", file=sys.stderr)
+        return 1
+    except Exception as error:  # the last line of defence for a CLI user
+        # Every expected problem is reported above or where it happens; this is a bug in
+        # simsim. One line still beats a traceback for the user, and names what to report.
+        print(
+            f"simsim: internal error: {type(error).__name__}: {error} "
+            "(a bug in simsim: please report it with the command and files used)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _load(args: argparse.Namespace) -> Scenario:
@@ -137,6 +162,24 @@ def _load(args: argparse.Namespace) -> Scenario:
     return load_scenario(args.scenario, seed=args.seed)
 
 
+def _output_folder(value: str) -> Path:
+    """*value* as a results folder, created if missing; a file or unwritable place is refused.
+
+    Checked before anything runs, so a long simulation never ends in a failed write.
+    """
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise ScenarioError("--out", "", f"{value} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ScenarioError("--out", "", f"cannot create the folder {value} ({reason})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ScenarioError("--out", "", f"the folder {value} is not writable")
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     scenario = _load(args)
     if args.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
@@ -145,9 +188,12 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    out = _output_folder(args.out)
     started = time.monotonic()
     try:
         engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
+    except ScenarioError:
+        raise  # refused before the run started: a bad file (exit 2), not a failed run
     except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
         # The file was valid but the simulation could not go on (a time past 64 bits,
         # say): report it in one line; the traceback helps nobody using the tool.
@@ -167,16 +213,18 @@ def _run(args: argparse.Namespace) -> int:
         frames["iterations"] = engine.iterations_frame()
     summary = summarize(frames["requests"])
     frames["summary"] = summary.reset_index()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     for name, frame in frames.items():
         path = out / f"{name}.{args.format}"
-        if args.format == "csv":
-            frame.to_csv(path, index=False)
-        else:
-            frame.to_parquet(path, index=False)
+        try:
+            if args.format == "csv":
+                frame.to_csv(path, index=False)
+            else:
+                frame.to_parquet(path, index=False)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise ScenarioError("--out", "", f"cannot write {path} ({reason})") from None
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
-    print(_summary_table(summary))
+    print(_summary_table(summary, frames["requests"]))
     print(
         f"{engine.processed_event_count} events simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
@@ -185,7 +233,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_table(summary: pd.DataFrame) -> str:
+# Each latency row of the run table: its column, its label, whom it covers (the rows
+# where the value exists) and why it can be missing.
+_LATENCY_ROWS = (
+    ("queue_delay_us", "queue delay", "admitted requests", "no request was admitted"),
+    ("ttft_us", "TTFT", "requests that produced a token", "no request produced a token"),
+    ("e2e_latency_us", "e2e latency", "finished requests", "no request finished"),
+    (
+        "tpot_us",
+        "TPOT",
+        "finished requests with 2+ tokens",
+        "no finished request produced 2+ tokens",
+    ),
+)
+
+
+def _summary_table(summary: pd.DataFrame, requests: pd.DataFrame) -> str:
+    """The run's summary for a terminal: no NaN, every time in ms or s, who each row covers."""
     values = summary["value"]
     lines = []
     counts = ", ".join(
@@ -194,34 +258,45 @@ def _summary_table(summary: pd.DataFrame) -> str:
         if name.startswith("count_") and values[name] > 0
     )
     lines.append(f"requests      {values['requests']:.0f} ({counts})")
-    lines.append(f"makespan      {_ms(values['makespan_us'])}")
-    lines.append(
-        f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
-        f"{values['throughput_tokens_per_s']:.1f} tokens/s"
-    )
-    lines.append(f"{'':14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}")
-    for column, label in (
-        ("queue_delay_us", "queue delay"),
-        ("ttft_us", "TTFT"),
-        ("e2e_latency_us", "e2e latency"),
-        ("tpot_us", "TPOT"),
-    ):
-        cells = "".join(
-            f"{_ms(values[f'{column}_{stat}']):>12}" for stat in ("mean", "p50", "p90", "p99")
+    makespan = values["makespan_us"]
+    if pd.isna(makespan):
+        lines.append("makespan      n/a (no request finished or was cancelled)")
+    else:
+        lines.append(f"makespan      {_duration(makespan)} (first arrival to last end)")
+    if pd.isna(values["throughput_requests_per_s"]):
+        why = "no makespan" if pd.isna(makespan) else f"the makespan is {_duration(makespan)}"
+        lines.append(f"throughput    n/a ({why})")
+    else:
+        lines.append(
+            f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
+            f"{values['throughput_tokens_per_s']:.1f} tokens/s"
         )
-        lines.append(f"{label:<14}{cells}")
+    stats = ("mean", "p50", "p90", "p99")
+    lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
+    for column, label, covers, why_missing in _LATENCY_ROWS:
+        present = int(requests[column].notna().sum())
+        if present == 0:
+            lines.append(f"{label:<14}n/a ({why_missing})")
+            continue
+        cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
+        lines.append(f"{label:<14}{cells}   {present} {covers}")
     return "\n".join(lines)
 
 
-def _ms(value_us: float) -> str:
-    if pd.isna(value_us):
-        return "-"
-    return f"{value_us / 1000:.1f} ms"
+def _duration(value_us: float) -> str:
+    """A simulated duration for people: ms below 10 s, s above; never scientific notation."""
+    ms = float(value_us) / 1000
+    if abs(ms) >= 10_000:
+        return f"{ms / 1000:,.1f} s"
+    if ms == 0 or abs(ms) >= 1:
+        return f"{ms:.1f} ms"
+    return f"{ms:.3f} ms"
 
 
 def _validate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    requests = scenario.all_requests()
+    # Submit every request to the engine (without running it): what run would refuse.
+    requests = check_scenario(scenario)
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
         f"{len(requests)} requests, {len(scenario.cancellations)} cancellations"
@@ -240,6 +315,7 @@ def _sweep(args: argparse.Namespace) -> int:
             executor = _dask_executor(args.dask, stack)
             if executor is None:
                 return 2
+        _output_folder(args.out)  # a file or an unmakeable folder exits 2 before any run
         kind = "capacity search" if spec.capacity else "sweep"
         try:
             result, capacity = run_sweep(
@@ -311,19 +387,38 @@ def _sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
             )
         return "\n".join(lines)
     keys = [c for c in ("case", *result.axes) if c in result.runs.columns]
-    wanted = ("ttft_us_p99", "e2e_latency_us_p99", "throughput_tokens_per_s")
-    table = result.summary[result.summary["metric"].isin(wanted)]
-    wide = table.pivot_table(index=["point", *keys], columns="metric", values="mean", sort=False)
-    wide = wide.reindex(columns=[m for m in wanted if m in wide.columns])
+    summary = result.summary
+    points = summary.drop_duplicates(subset="point")[["point", *keys]]
+    shown = pd.DataFrame(index=pd.MultiIndex.from_frame(points))
+    for metric, (title, show) in _SWEEP_COLUMNS.items():
+        means = summary[summary["metric"] == metric].set_index("point")["mean"]
+        if len(means):
+            shown[title] = [
+                "n/a" if pd.isna(value) else show(value) for value in points["point"].map(means)
+            ]
+    note = ""
+    if (shown == "n/a").any().any():
+        note = "\nn/a: no run of that point had the metric (no request produced a token, say)"
     return (
         f"{result.runs['point'].nunique()} points x {result.replications} replications "
-        f"(means over replications):\n{wide.to_string()}"
+        f"(means over replications):\n{shown.to_string()}{note}"
     )
 
 
+# The sweep report's metric columns: title and how a value is shown.
+_SWEEP_COLUMNS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "ttft_us_p99": ("TTFT p99", _duration),
+    "e2e_latency_us_p99": ("e2e latency p99", _duration),
+    "throughput_tokens_per_s": ("tokens/s", lambda v: f"{v:,.1f}"),
+}
+
+
 def _number(value: Any) -> str:
-    """A number for a report, ``-`` for a missing one."""
-    return "-" if value is None or pd.isna(value) else f"{value:g}"
+    """A number for a report (``:g``, but never in scientific notation), ``-`` if missing."""
+    if value is None or pd.isna(value):
+        return "-"
+    text = f"{value:g}"
+    return np.format_float_positional(value, trim="-") if "e" in text else text
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -339,12 +434,12 @@ def _plot(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        results, target = Path(args.results), Path(args.out) if args.out else None
+        results, target = Path(args.results), _output_folder(args.out) if args.out else None
         if (results / MANIFEST).exists():
             written = plots.plot_sweep(results, target)
         else:
             written = plots.plot_results(results, target)
-    except (FileNotFoundError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError) as error:
         print(f"simsim: error: {error}", file=sys.stderr)
         return 2
     for path in written:

@@ -1,8 +1,8 @@
 """Trace replay: requests read from CSV files, with time scaling and windows.
 
 Two formats are read, each a CSV file with a header row (column order is free, names are
-case-sensitive, blank lines and rows of empty cells are skipped, a UTF-8 byte-order
-mark is allowed):
+case-sensitive, other columns are ignored, blank lines and rows of empty cells are
+skipped, a UTF-8 byte-order mark is allowed):
 
 * **Azure LLM inference traces** (:func:`read_azure_trace`): ``TIMESTAMP`` as a date-time
   such as ``2023-11-16 18:15:46.6805900``, ``ContextTokens`` (the prompt length) and
@@ -23,15 +23,17 @@ The rules every reader follows:
   ``window_start <= t < window_start + window_duration``; kept arrivals are measured from
   the window's start (``t - window_start``), then scaled.
 * **Errors name the place.** A bad row raises :class:`TraceError` with the file, the line
-  number and the column. A file with no header, or a header and no rows, is an error (a
-  trace that holds no request is almost always a truncated or wrong file), and so is a
-  window that selects no row.
+  number and the column; a missing column that looks like one of the header's gets a
+  did-you-mean (``prompt_tokens`` for ``prompt_token_count``). A file with no header,
+  or a header and no rows, is an error (a trace that holds no request is almost always a
+  truncated or wrong file), and so is a window that selects no row.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
+import difflib
 import functools
 import io
 import math
@@ -53,6 +55,7 @@ __all__ = [
     "PLAIN_COLUMNS",
     "SAMPLE_AZURE_TRACE",
     "TraceError",
+    "TraceOverflowError",
     "TracePath",
     "parse_count",
     "parse_timestamp",
@@ -103,6 +106,19 @@ class TraceError(ValueError):
             if part is not None
         )
         super().__init__(f"{source}: {place}: {rule}" if place else f"{source}: {rule}")
+
+
+class TraceOverflowError(TraceError, OverflowError):
+    """A replay that would pass the 64-bit limit because of one of the reader's arguments.
+
+    Also an ``OverflowError``. ``argument`` names the argument that pushed it there
+    (``"time_scale"`` for a scaled arrival time, ``"first_request_id"`` for a
+    generated id), so a caller can point at its own setting of that name.
+    """
+
+    def __init__(self, source: str, rule: str, *, argument: str, line: int | None = None) -> None:
+        super().__init__(source, rule, line=line)
+        self.argument = argument
 
 
 # ---------------------------------------------------------------------- cells
@@ -312,14 +328,18 @@ def read_table(
                 )
             names = [name.strip() for name in header]
             for name in names:
-                if names.count(name) > 1:
+                # A repeated column that is read is ambiguous; repeated ignored ones are not.
+                if names.count(name) > 1 and (name in required + optional or not other_columns):
                     raise TraceError(source, f"column {name!r} appears twice", line=1)
+            unknown = [name for name in names if name not in required + optional]
             missing = [name for name in required if name not in names]
             if missing:
                 raise TraceError(
-                    source, f"missing columns {missing}; the header has {names}", line=1
+                    source,
+                    f"missing columns {missing}{_did_you_mean(missing, unknown)}; "
+                    f"the header has {names}",
+                    line=1,
                 )
-            unknown = [name for name in names if name not in required + optional]
             if unknown and not other_columns:
                 raise TraceError(
                     source,
@@ -345,6 +365,16 @@ def read_table(
     if not rows:
         raise TraceError(source, "the file has a header but no rows (at least one is needed)")
     return source, {name: names.index(name) for name in names}, rows
+
+
+def _did_you_mean(missing: list[str], present: list[str]) -> str:
+    """`` (did you mean 'prompt_tokens' for 'prompt_token_count'?)``, or ``""``."""
+    guesses = []
+    for name in missing:
+        close = difflib.get_close_matches(name, present, n=1)
+        if close:
+            guesses.append(f"{close[0]!r} for {name!r}")
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
 
 
 def _window(
@@ -373,14 +403,25 @@ def _requests(
     window: str,
 ) -> list[Request]:
     requests: list[Request] = []
+    kept = sum(1 for arrival in times if arrival is not None)
+    if ids is None and kept and first_request_id + kept - 1 > MAX_TIME_US:
+        raise TraceOverflowError(
+            source,
+            f"first_request_id = {first_request_id} numbers the {kept} replayed rows up to "
+            f"{first_request_id + kept - 1}, past the 64-bit limit 2**63 - 1",
+            argument="first_request_id",
+        )
     for index in order:
         arrival = times[index]
         if arrival is None:
             continue
         if arrival > MAX_TIME_US:
-            raise OverflowError(
-                f"{source}: line {lines[index]}: the scaled arrival time {arrival} us is past "
-                "the 64-bit limit 2**63 - 1"
+            raise TraceOverflowError(
+                source,
+                f"the scaled arrival time {arrival} us (after time_scale) is past the 64-bit "
+                "limit 2**63 - 1",
+                argument="time_scale",
+                line=lines[index],
             )
         request_id = first_request_id + len(requests) if ids is None else ids[index]
         requests.append(Request(request_id, arrival, prompts[index], outputs[index]))
@@ -424,7 +465,7 @@ def read_azure_trace(
     scale = _exact(time_scale, "time_scale", positive=True)
     window_start_us, window_end_us = _window(window_start_s, window_duration_s, "s", 10**6)
     first_request_id = check_count(first_request_id, "first_request_id")
-    source, columns, rows = read_table(path, AZURE_COLUMNS)
+    source, columns, rows = read_table(path, AZURE_COLUMNS, other_columns=True)
     at_time, at_prompt, at_output = (columns[name] for name in AZURE_COLUMNS)
     seconds: list[int] = []
     fractions: list[str] = []
@@ -485,7 +526,7 @@ def read_plain_trace(
         window_duration_us = check_time_us(window_duration_us, "window_duration_us")
     window_start, window_end = _window(window_start_us, window_duration_us, "us", 1)
     first_request_id = check_count(first_request_id, "first_request_id")
-    source, columns, rows = read_table(path, PLAIN_COLUMNS, ("request_id",))
+    source, columns, rows = read_table(path, PLAIN_COLUMNS, ("request_id",), other_columns=True)
     at_time, at_prompt, at_output = (columns[name] for name in PLAIN_COLUMNS)
     at_id = columns.get("request_id")
     arrivals: list[int] = []

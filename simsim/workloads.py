@@ -203,6 +203,18 @@ class GammaArrivals:
     def __post_init__(self) -> None:
         _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
         _set(self, "cv", _real(self.cv, "cv", positive=True))
+        squared = self.cv * self.cv
+        # shape = 1 / cv**2 and scale = mean gap * cv**2 must both be positive finite floats.
+        if not (0 < squared < math.inf and 1 / squared < math.inf):
+            raise ValueError(
+                f"cv = {self.cv!r} is out of range: the gaps' gamma shape 1/cv**2 must be a "
+                "positive finite float (roughly 1e-154 < cv < 1e154)"
+            )
+        if not (1e6 / self.rate_per_s) * squared < math.inf:
+            raise ValueError(
+                f"rate_per_s = {self.rate_per_s!r} and cv = {self.cv!r} give an infinite gamma "
+                "scale (mean gap * cv**2): use a higher rate or a lower cv"
+            )
 
     def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
         """*count* arrival times after *start_us* (``int64``, non-decreasing)."""
@@ -317,6 +329,12 @@ class LogNormal:
     def __post_init__(self) -> None:
         _set(self, "mean", _real(self.mean, "mean", positive=True))
         _set(self, "cv", _real(self.cv, "cv", positive=False))
+        if not self.cv * self.cv < math.inf:
+            # log(1 + cv**2) would be infinite and every draw NaN.
+            raise ValueError(
+                f"cv = {self.cv!r} is out of range: cv**2 must be a finite float "
+                "(roughly cv < 1e154)"
+            )
         low, high = _bounds(self.low, self.high)
         _set(self, "low", low)
         _set(self, "high", high)
@@ -407,7 +425,13 @@ class Empirical:
                 f"weights must have one entry per value: {len(values)} values, "
                 f"{len(weights)} weights"
             )
-        total = math.fsum(weights)
+        try:
+            total = math.fsum(weights)
+        except OverflowError:
+            raise ValueError(
+                "weights must have a finite sum, got weights whose sum passes the float "
+                f"limit (largest {max(weights)!r}); scale them down"
+            ) from None
         if not total > 0:
             raise ValueError(f"weights must have a positive sum, got {total!r}")
         _set(self, "weights", weights)

@@ -100,3 +100,50 @@ def test_bad_batching_settings_name_the_key(tmp_path: Path, text: str, key: str,
         load_scenario(path)
     assert f"{path}: {key}: " in str(info.value)
     assert rule in str(info.value)
+
+
+# A request of 100 prompt tokens needs 7 blocks of 16; the whole cache has 4.
+NEVER_FITS = (
+    BATCHING
+    + "[backend]\nprefill_base_us = 100\ndecode_base_us = 10\n"
+    + "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 4\n"
+    + ONE_REQUEST
+    + "[[requests]]\nrequest_id = 7\narrival_time_us = 5\n"
+    + "prompt_token_count = 100\nmax_output_tokens = 2\n"
+)
+NEVER_FITS_RULE = (
+    "request 7: needs 7 KV blocks for its 100 prompt and 2 output tokens, more than the "
+    "whole cache (4 blocks of 16 tokens); it could never run"
+)
+
+
+def test_validate_refuses_a_request_that_can_never_fit_the_kv_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_text(NEVER_FITS, encoding="utf-8")
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [f"simsim: error: {path}: {NEVER_FITS_RULE}"]
+
+
+def test_run_refuses_it_as_a_bad_file_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_text(NEVER_FITS, encoding="utf-8")
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"simsim: error: {path}: {NEVER_FITS_RULE}"]
+    with pytest.raises(ScenarioError) as info:
+        run_scenario(load_scenario(path))
+    assert info.value.key == "request 7"
+
+
+def test_validate_accepts_the_same_request_when_the_cache_holds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_text(NEVER_FITS.replace("total_blocks = 4", "total_blocks = 7"), encoding="utf-8")
+    assert main(["validate", str(path)]) == 0
+    assert "2 requests" in capsys.readouterr().out

@@ -620,10 +620,11 @@ BAD_TRACES = [
         id="missing-column",
     ),
     pytest.param(
-        TRACE_HEADER.strip() + ",priority\n1,0,1,1,5\n",
+        "request_id,arrival_time_us,prompt_tokens,max_output_tokens\n1,0,1,1\n",
         "line 1",
-        "unknown columns ['priority']",
-        id="unknown-column",
+        "missing columns ['prompt_token_count'] (did you mean 'prompt_tokens' for "
+        "'prompt_token_count'?)",
+        id="misspelt-column",
     ),
 ]
 
@@ -847,7 +848,7 @@ def test_trace_path_is_relative_to_the_scenario_file(
     # A decoy with the same relative path next to the working directory.
     write(here, TRACE_HEADER + "99,0,1,1\n", "data/trace.csv")
     write(tmp_path / "sub", TRACE_HEADER + "10,5000,256,4\n11,5000,32,12\n", "data/trace.csv")
-    scenario = write(tmp_path / "sub", '[trace]\npath = "data/trace.csv"\n')
+    scenario = write(tmp_path / "sub", EASY_BACKEND + '[trace]\npath = "data/trace.csv"\n')
     monkeypatch.chdir(here)
     loaded = load_scenario(os.path.relpath(scenario, here))
     assert loaded.all_requests() == [RequestSpec(10, 5000, 256, 4), RequestSpec(11, 5000, 32, 12)]
@@ -857,7 +858,7 @@ def test_trace_path_is_relative_to_the_scenario_file(
 
 def test_absolute_trace_path(tmp_path: Path) -> None:
     trace = write(tmp_path / "traces", TRACE_HEADER + "3,7,1,2\n", "t.csv")
-    scenario = write(tmp_path / "scen", f"[trace]\npath = '{trace}'\n")
+    scenario = write(tmp_path / "scen", EASY_BACKEND + f"[trace]\npath = '{trace}'\n")
     assert load_scenario(scenario).all_requests() == [RequestSpec(3, 7, 1, 2)]
 
 
@@ -875,7 +876,7 @@ def test_trace_without_ids_blank_lines_and_spaces(tmp_path: Path) -> None:
     expected = [RequestSpec(0, 100, 8, 0), RequestSpec(1, 100, 2, 1), RequestSpec(2, 900, 4, 2)]
     assert read_trace_csv(trace) == expected
     assert read_trace_csv(trace, first_request_id=50)[0] == RequestSpec(50, 100, 8, 0)
-    scenario = load_scenario(write(tmp_path, '[trace]\npath = "t.csv"\n'))
+    scenario = load_scenario(write(tmp_path, EASY_BACKEND + '[trace]\npath = "t.csv"\n'))
     assert scenario.all_requests() == expected
 
 

@@ -112,7 +112,42 @@ def test_arrivals_past_the_64_bit_range_raise_overflow() -> None:
         FixedRateArrivals(1).arrival_times_us(rng(), 3, start_us=2**63 - 2_000_000)
 
 
+@pytest.mark.parametrize("cv", [1e300, 1e-300, 2e154, 5e-155])
+def test_gamma_cv_whose_square_leaves_the_float_range_is_refused(cv: float) -> None:
+    # 1 / cv**2 was a ZeroDivisionError at the first draw.
+    with pytest.raises(ValueError, match=r"cv = .* is out of range: .*1/cv\*\*2"):
+        GammaArrivals(1.0, cv)
+
+
+def test_gamma_cv_at_the_edges_of_the_float_range_still_draws() -> None:
+    for cv in (1e-150, 1e150):
+        times = GammaArrivals(1.0, cv).arrival_times_us(rng(), 3)
+        assert times.dtype == np.int64 and len(times) == 3
+
+
+def test_gamma_rate_and_cv_with_an_infinite_scale_are_refused() -> None:
+    with pytest.raises(ValueError, match="infinite gamma scale"):
+        GammaArrivals(1e-300, 100.0)
+
+
 # ---------------------------------------------------------------------- lengths
+
+
+@pytest.mark.parametrize("cv", [1e308, 2e154])
+def test_lognormal_cv_whose_square_is_infinite_is_refused(cv: float) -> None:
+    # log(1 + cv**2) was infinite, every draw NaN, and the counts the int64 minimum.
+    with pytest.raises(ValueError, match=r"cv = .* is out of range: cv\*\*2 must be a finite"):
+        LogNormal(100, cv)
+
+
+def test_lognormal_with_a_huge_but_finite_cv_gives_non_negative_counts() -> None:
+    values = LogNormal(100, 1e150).sample(rng(), 1_000)
+    assert values.min() >= 0
+
+
+def test_empirical_weights_whose_sum_overflows_are_refused() -> None:
+    with pytest.raises(ValueError, match="weights must have a finite sum"):
+        Empirical((1, 2), weights=(1e308, 1e308))
 
 
 def test_fixed_is_constant() -> None:

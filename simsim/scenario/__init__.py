@@ -1,0 +1,50 @@
+"""Scenario files: a whole simulation described in TOML, checked before it runs.
+
+A scenario names a cost model, a scheduler, the requests (listed inline, read from a
+CSV trace, or generated from a seed) and cancellations at given times. Loading checks
+every key and value and raises :class:`ScenarioError` naming the file, the key and the
+rule at fault; nothing runs until the whole file is valid. See ``docs/scenarios.md``.
+
+The package, one idea per module:
+
+* ``checker``: reading TOML, :class:`TomlChecker` (typed look-ups, did-you-mean) and
+  :class:`ScenarioError`;
+* ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
+  :class:`Cancellation`, :class:`BatchingSpec`);
+* ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
+  (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
+* ``run``: building the engine, checking what it refuses at submission, running it;
+  ``defaults``: the built-in scenario.
+"""
+
+from __future__ import annotations
+
+from simsim.scenario.checker import ScenarioError, TomlChecker, read_toml
+from simsim.scenario.defaults import default_scenario
+from simsim.scenario.model import (
+    BatchingSpec,
+    Cancellation,
+    RequestSpec,
+    Scenario,
+    Workload,
+)
+from simsim.scenario.parse import load_scenario, parse_scenario
+from simsim.scenario.run import check_scenario, run_scenario
+from simsim.scenario.trace_table import read_trace_csv
+
+__all__ = [
+    "BatchingSpec",
+    "Cancellation",
+    "RequestSpec",
+    "Scenario",
+    "ScenarioError",
+    "TomlChecker",
+    "Workload",
+    "check_scenario",
+    "default_scenario",
+    "load_scenario",
+    "parse_scenario",
+    "read_toml",
+    "read_trace_csv",
+    "run_scenario",
+]

@@ -1,0 +1,215 @@
+"""Reading TOML and checking its values: the typed look-ups every scenario table uses.
+
+:class:`TomlChecker` answers "the integer at ``backend.decode_base_us``" and raises a
+:class:`ScenarioError` naming the file, the key and the rule when the value is missing,
+of the wrong type or out of range; an unknown key gets a did-you-mean. It knows no
+scenario: the sweep files use it too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from simsim.clock import MAX_TIME_US
+from simsim.traces import TraceError
+
+__all__ = ["ScenarioError", "TomlChecker", "from_trace_error", "make", "read_toml"]
+
+
+class ScenarioError(ValueError):
+    """A scenario file (or trace) broke a rule; the message names the file and key."""
+
+    def __init__(self, source: str, key: str, rule: str) -> None:
+        self.source = source
+        self.key = key
+        self.rule = rule
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {rule}")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a missing file or bad TOML is a :class:`ScenarioError`."""
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        raise ScenarioError(source, "", f"cannot read the file ({error.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise ScenarioError(
+            source,
+            f"line {line}",
+            f"not UTF-8 text (byte 0x{raw[error.start]:02x} at offset {error.start}); "
+            "TOML files must be UTF-8",
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(source, "", f"not valid TOML: {error}") from None
+
+
+_T = TypeVar("_T")
+
+
+def from_trace_error(error: TraceError) -> ScenarioError:
+    """The same problem as a :class:`ScenarioError`: the trace file, ``line N, column C``."""
+    place = ", ".join(
+        part
+        for part in (
+            None if error.line is None else f"line {error.line}",
+            None if error.column is None else f"column {error.column}",
+        )
+        if part is not None
+    )
+    return ScenarioError(error.source, place, error.rule)
+
+
+def make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``factory(*args, **kwargs)``; its argument errors become a :class:`ScenarioError`."""
+    try:
+        return factory(*args, **kwargs)
+    except TraceError as error:
+        raise from_trace_error(error) from None
+    except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail(at, str(error)) from None
+
+
+class TomlChecker:
+    """Typed look-ups into parsed TOML that raise :class:`ScenarioError` on bad input."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, rule: str) -> ScenarioError:
+        return ScenarioError(self.source, key, rule)
+
+    def keys(self, table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise self.fail(
+                    _join(where, key),
+                    f"unknown key{hint}; allowed keys: {', '.join(allowed)}",
+                )
+
+    def table(self, data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a table, got {_kind(value)}")
+        return value
+
+    def array_of_tables(self, data: Mapping[str, Any], key: str) -> Iterator[Mapping[str, Any]]:
+        rows = data.get(key, [])
+        if not isinstance(rows, list):
+            raise self.fail(key, f"must be an array of tables ([[{key}]]), got {_kind(rows)}")
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise self.fail(f"{key}[{index}]", f"must be a table, got {_kind(row)}")
+            yield row
+
+    def _get(self, table: Mapping[str, Any], key: str, where: str, default: Any) -> Any:
+        if key in table:
+            return table[key]
+        if default is _REQUIRED:
+            raise self.fail(_join(where, key), "missing required key")
+        return default
+
+    def integer(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+        value = self._get(table, key, where, _REQUIRED if default is None else default)
+        if type(value) is not int:
+            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
+        if value < 0:
+            raise self.fail(_join(where, key), f"must be >= 0, got {value}")
+        if value > MAX_TIME_US:
+            raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
+        return value
+
+    def time(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+        value = self._get(table, key, where, _REQUIRED if default is None else default)
+        if type(value) is not int:
+            raise self.fail(
+                _join(where, key),
+                f"must be an integer number of microseconds, got {_kind(value)} {value!r}",
+            )
+        if value < 0:
+            raise self.fail(_join(where, key), f"must be >= 0 microseconds, got {value}")
+        if value > MAX_TIME_US:
+            raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
+        return value
+
+    def number(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> float:
+        value = self._get(table, key, where, _REQUIRED if default is None else default)
+        if type(value) not in (int, float):
+            raise self.fail(_join(where, key), f"must be a number, got {_kind(value)} {value!r}")
+        if not math.isfinite(value):
+            raise self.fail(_join(where, key), f"must be a finite number, got {value!r}")
+        return float(value)
+
+    def optional_number(self, table: Mapping[str, Any], key: str, where: str) -> float | None:
+        return None if key not in table else self.number(table, key, where)
+
+    def optional_integer(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
+        return None if key not in table else self.integer(table, key, where)
+
+    def optional_time(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
+        return None if key not in table else self.time(table, key, where)
+
+    def string(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> str:
+        value = self._get(table, key, where, _REQUIRED if default is None else default)
+        if not isinstance(value, str):
+            raise self.fail(_join(where, key), f"must be a string, got {_kind(value)} {value!r}")
+        return value
+
+    def choice(
+        self,
+        table: Mapping[str, Any],
+        key: str,
+        where: str,
+        choices: tuple[str, ...],
+        default: str,
+    ) -> str:
+        value = self.string(table, key, where, default=default or _REQUIRED)
+        if value not in choices:
+            close = difflib.get_close_matches(value, choices, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise self.fail(
+                _join(where, key), f"unknown value {value!r}{hint}; choose one of {choices}"
+            )
+        return value
+
+    def int_range(self, table: Mapping[str, Any], key: str, where: str) -> tuple[int, int]:
+        value = self._get(table, key, where, _REQUIRED)
+        if not (isinstance(value, list) and len(value) == 2):
+            raise self.fail(
+                _join(where, key), f"must be a [min, max] pair of integers, got {value!r}"
+            )
+        low, high = (self.integer({key: v}, key, where) for v in value)
+        if low > high:
+            raise self.fail(_join(where, key), f"min {low} is greater than max {high}")
+        return (low, high)
+
+
+_REQUIRED: Any = object()
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _kind(value: object) -> str:
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(value), type(value).__name__)

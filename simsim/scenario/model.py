@@ -1,0 +1,139 @@
+"""The scenario model: a validated simulation, what to build and what to feed it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from simsim.backend import SimulatedBackend, SimulatedBackendConfig
+from simsim.clock import Environment
+from simsim.engines import BatchingEngine, KvCacheConfig
+from simsim.request import Request
+from simsim.scenario.checker import ScenarioError
+from simsim.scheduler import FcfsScheduler
+from simsim.workloads import ClosedLoopWorkload, GeneratedWorkload, OpenLoopWorkload, check_seed
+
+__all__ = [
+    "ENGINES",
+    "SCHEDULERS",
+    "BatchingSpec",
+    "Cancellation",
+    "RequestSpec",
+    "Scenario",
+    "Workload",
+]
+
+ENGINES = ("single_slot", "single_slot_fast", "batching")
+SCHEDULERS = ("fcfs",)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a scenario, before it becomes a :class:`Request`."""
+
+    request_id: int
+    arrival_time_us: int
+    prompt_token_count: int
+    max_output_tokens: int
+
+    @classmethod
+    def of(cls, request: Request) -> RequestSpec:
+        """The spec of an existing request (its size and arrival)."""
+        return cls(
+            request.request_id,
+            request.arrival_time_us,
+            request.prompt_token_count,
+            request.max_output_tokens,
+        )
+
+    def to_request(self) -> Request:
+        """A fresh pristine :class:`Request` with these fields."""
+        return Request(
+            self.request_id, self.arrival_time_us, self.prompt_token_count, self.max_output_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """Cancel *request_id* at *time_us* (skipped if it has finished by then)."""
+
+    time_us: int
+    request_id: int
+
+
+Workload = OpenLoopWorkload | ClosedLoopWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingSpec:
+    """The ``[batching]`` and ``[kv_cache]`` tables: how the batching server is set up."""
+
+    max_active_requests: int
+    max_batch_tokens: int | None = None
+    policy: str = "prefill_first"
+    kv_cache: KvCacheConfig | None = None
+
+    def build(
+        self, backend: SimulatedBackend, scheduler: FcfsScheduler, env: Environment
+    ) -> BatchingEngine:
+        """A :class:`BatchingEngine` with these settings."""
+        return BatchingEngine(
+            backend,
+            scheduler,
+            max_active_requests=self.max_active_requests,
+            max_batch_tokens=self.max_batch_tokens,
+            policy=self.policy,
+            kv_cache=self.kv_cache,
+            env=env,
+        )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A complete, validated simulation: what to build and what to feed it."""
+
+    name: str = "scenario"
+    engine: str = "single_slot"
+    batching: BatchingSpec | None = None
+    scheduler: str = "fcfs"
+    backend: SimulatedBackendConfig = field(default_factory=SimulatedBackendConfig)
+    requests: tuple[RequestSpec, ...] = ()
+    workload: Workload | None = None
+    cancellations: tuple[Cancellation, ...] = ()
+    seed: int = 0
+    source: str = "<scenario>"
+
+    def with_seed(self, seed: int) -> Scenario:
+        """The same scenario with another seed for its generated workload."""
+        return replace(self, seed=check_seed(seed))
+
+    def generated(self) -> GeneratedWorkload | None:
+        """What an open-loop ``workload`` makes from the seed (``None`` otherwise)."""
+        if not isinstance(self.workload, OpenLoopWorkload):
+            return None
+        try:
+            return self.workload.generate(self.seed)
+        except (ValueError, OverflowError) as error:
+            raise ScenarioError(self.source, "workload", str(error)) from None
+
+    def all_requests(self) -> list[RequestSpec]:
+        """Listed, traced and generated requests, in id order; ids must be unique.
+
+        A closed-loop workload's requests are made while the simulation runs and are
+        not included.
+        """
+        specs = list(self.requests)
+        generated = self.generated()
+        if generated is not None:
+            specs.extend(RequestSpec.of(request) for request in generated.requests)
+        seen: set[int] = set()
+        for spec in specs:
+            if spec.request_id in seen:
+                raise ScenarioError(
+                    self.source,
+                    "requests",
+                    f"request id {spec.request_id} appears twice (ids must be unique "
+                    "across [[requests]], [trace] and [workload])",
+                )
+            seen.add(spec.request_id)
+        specs.sort(key=lambda s: s.request_id)
+        return specs

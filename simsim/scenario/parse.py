@@ -1,0 +1,200 @@
+"""From a TOML document to a :class:`Scenario`: the top-level tables and their rules.
+
+Each table is checked with a :class:`TomlChecker`; ``[trace]`` and ``[workload]`` have
+their own modules. Nothing is built or run until the whole document is valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simsim.backend import SimulatedBackend, SimulatedBackendConfig
+from simsim.clock import Environment
+from simsim.engines import KvCacheConfig
+from simsim.engines.batching import POLICIES
+from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
+from simsim.scenario.model import (
+    ENGINES,
+    SCHEDULERS,
+    BatchingSpec,
+    Cancellation,
+    RequestSpec,
+    Scenario,
+)
+from simsim.scenario.trace_table import parse_trace
+from simsim.scenario.workload_table import parse_workload
+from simsim.scheduler import FcfsScheduler
+
+__all__ = ["load_scenario", "parse_scenario"]
+
+_TOP_KEYS = (
+    "scenario",
+    "backend",
+    "scheduler",
+    "batching",
+    "kv_cache",
+    "requests",
+    "trace",
+    "workload",
+    "cancellations",
+)
+_BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
+_KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
+_SCENARIO_KEYS = ("name", "engine", "seed")
+_BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
+_SCHEDULER_KEYS = ("policy",)
+_REQUEST_KEYS = ("request_id", "arrival_time_us", "prompt_token_count", "max_output_tokens")
+_CANCELLATION_KEYS = ("time_us", "request_id")
+
+
+def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
+    """Read and validate a TOML scenario file; *seed* overrides the file's seed.
+
+    The file must give its costs in a ``[backend]`` table (zeros written out are fine).
+    """
+    path = Path(path)
+    scenario = parse_scenario(
+        read_toml(path), source=str(path), base_dir=path.parent, require_backend=True
+    )
+    return scenario if seed is None else scenario.with_seed(seed)
+
+
+def parse_scenario(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<scenario>",
+    base_dir: Path | None = None,
+    require_backend: bool = False,
+) -> Scenario:
+    """Validate an already-parsed TOML document and build the :class:`Scenario`.
+
+    With *require_backend* (as for every scenario file, see :func:`load_scenario`), a
+    document without a ``[backend]`` table, or with an empty one, is refused: its costs
+    would all be zero. Without it, a missing table means
+    :class:`~simsim.SimulatedBackendConfig`'s defaults (all zero), as in Python.
+    """
+    check = TomlChecker(source)
+    check.keys(data, _TOP_KEYS, "")
+    head = check.table(data, "scenario", "scenario")
+    check.keys(head, _SCENARIO_KEYS, "scenario")
+    name = check.string(head, "name", "scenario", default="scenario")
+    engine = check.choice(head, "engine", "scenario", ENGINES, default="single_slot")
+    seed = check.integer(head, "seed", "scenario", default=0)
+
+    backend_table = check.table(data, "backend", "backend")
+    check.keys(backend_table, _BACKEND_KEYS, "backend")
+    backend = SimulatedBackendConfig(
+        **{key: check.integer(backend_table, key, "backend", default=0) for key in _BACKEND_KEYS}
+    )
+
+    scheduler_table = check.table(data, "scheduler", "scheduler")
+    check.keys(scheduler_table, _SCHEDULER_KEYS, "scheduler")
+    scheduler = check.choice(scheduler_table, "policy", "scheduler", SCHEDULERS, default="fcfs")
+
+    specs: list[RequestSpec] = []
+    for index, row in enumerate(check.array_of_tables(data, "requests")):
+        where = f"requests[{index}]"
+        check.keys(row, _REQUEST_KEYS, where)
+        specs.append(
+            RequestSpec(
+                check.integer(row, "request_id", where),
+                check.time(row, "arrival_time_us", where),
+                check.integer(row, "prompt_token_count", where),
+                check.integer(row, "max_output_tokens", where),
+            )
+        )
+
+    if "trace" in data:
+        specs.extend(parse_trace(check, check.table(data, "trace", "trace"), base_dir))
+
+    workload = None
+    if "workload" in data:
+        workload = parse_workload(check, check.table(data, "workload", "workload"), base_dir)
+
+    if not specs and workload is None:
+        raise ScenarioError(
+            source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
+        )
+
+    batching = _parse_batching(check, data, engine)
+
+    cancellations: list[Cancellation] = []
+    for index, row in enumerate(check.array_of_tables(data, "cancellations")):
+        where = f"cancellations[{index}]"
+        check.keys(row, _CANCELLATION_KEYS, where)
+        cancellations.append(
+            Cancellation(check.time(row, "time_us", where), check.integer(row, "request_id", where))
+        )
+
+    scenario = Scenario(
+        name=name,
+        engine=engine,
+        batching=batching,
+        scheduler=scheduler,
+        backend=backend,
+        requests=tuple(specs),
+        workload=workload,
+        cancellations=tuple(cancellations),
+        seed=seed,
+        source=source,
+    )
+    known = {spec.request_id for spec in scenario.all_requests()}
+    # Cancellations must name requests known before the run (not closed-loop ones).
+    for index, cancellation in enumerate(scenario.cancellations):
+        if cancellation.request_id not in known:
+            raise ScenarioError(
+                source,
+                f"cancellations[{index}].request_id",
+                f"request {cancellation.request_id} is not in the scenario's requests",
+            )
+    if require_backend and not backend_table:
+        # Every cost would be 0 and every latency 0 us: almost always a forgotten table.
+        missing = "missing table" if "backend" not in data else "the table is empty"
+        raise ScenarioError(
+            source,
+            "backend",
+            f"{missing}: every cost would be 0 and every latency 0 us; give the cost model "
+            f"({', '.join(_BACKEND_KEYS)}), writing 0 explicitly for a cost that is zero",
+        )
+    return scenario
+
+
+def _parse_batching(
+    check: TomlChecker, data: Mapping[str, Any], engine: str
+) -> BatchingSpec | None:
+    if engine != "batching":
+        for name in ("batching", "kv_cache"):
+            if name in data:
+                raise check.fail(name, 'only for engine = "batching" (see [scenario] engine)')
+        return None
+    table = check.table(data, "batching", "batching")
+    check.keys(table, _BATCHING_KEYS, "batching")
+    kv_cache = None
+    if "kv_cache" in data:
+        kv_table = check.table(data, "kv_cache", "kv_cache")
+        check.keys(kv_table, _KV_CACHE_KEYS, "kv_cache")
+        kv_cache = make(
+            check,
+            "kv_cache",
+            KvCacheConfig,
+            check.integer(kv_table, "block_size_tokens", "kv_cache"),
+            check.integer(kv_table, "total_blocks", "kv_cache"),
+        )
+    spec = BatchingSpec(
+        max_active_requests=check.integer(table, "max_active_requests", "batching"),
+        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching"),
+        policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
+        kv_cache=kv_cache,
+    )
+    # Let the engine's own checks speak (token cap vs slots, mixed needs a budget...).
+    make(
+        check,
+        "batching",
+        spec.build,
+        SimulatedBackend(SimulatedBackendConfig()),
+        FcfsScheduler(),
+        Environment(),
+    )
+    return spec

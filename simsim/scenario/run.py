@@ -1,0 +1,106 @@
+"""Running a scenario: build its engine, submit its requests, schedule its cancellations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from simsim.backend import SimulatedBackend
+from simsim.clock import Environment
+from simsim.engines import FastSimulationEngine, SimulationEngine
+from simsim.engines.base import EngineBase
+from simsim.scenario.checker import ScenarioError
+from simsim.scenario.model import RequestSpec, Scenario
+from simsim.scheduler import FcfsScheduler
+from simsim.workloads import ClosedLoopWorkload
+
+__all__ = ["check_scenario", "run_scenario"]
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> EngineBase:
+    """Build the scenario's engine, feed it, run it to the end and return it.
+
+    Every listed, traced and generated request is submitted first, in id order; then
+    the ``[[cancellations]]`` and the workload's patience deadlines are scheduled, and
+    a closed-loop workload's users are started. So a cancellation at time T takes
+    effect after the arrivals at T and before every other event at T; a request that is
+    already finished by then is left alone. *progress*, if given, is called now and
+    then with (requests admitted so far, requests known before the run).
+
+    A request the engine refuses at submission (one that can never fit in the KV cache,
+    say) raises :class:`ScenarioError` naming it, before anything runs.
+    """
+    specs = scenario.all_requests()
+    engine = _submitted(scenario, specs)
+    env = engine.env
+    deadlines = [(c.time_us, c.request_id) for c in scenario.cancellations]
+    generated = scenario.generated()
+    if generated is not None:
+        deadlines.extend(generated.cancellations)
+    for time_us, request_id in sorted(deadlines):
+        timer = env.timeout(time_us - env.now)
+        timer.callbacks.append(_canceller(engine, request_id))
+    if isinstance(scenario.workload, ClosedLoopWorkload):
+        scenario.workload.start(env, engine, scenario.seed)
+    total = max(len(specs), 1)
+    if progress is None:
+        engine.run()
+        return engine
+    step = engine.run_next_timestamp
+    count = 0
+    while step() is not None:
+        count += 1
+        if count % 4096 == 0:
+            progress(min(len(engine.admission_log), total), total)
+    progress(total, total)
+    return engine
+
+
+def check_scenario(scenario: Scenario) -> list[RequestSpec]:
+    """Check that :func:`run_scenario` can start *scenario*; return its requests.
+
+    Builds the scenario's engine and submits every listed, traced and generated request
+    to it, without running it, so every rule the engine checks at submission (a request
+    that can never fit in the KV cache, say) is checked too. A refused request raises
+    :class:`ScenarioError` naming it. Closed-loop requests are made during the run and
+    are not checked here.
+    """
+    specs = scenario.all_requests()
+    _submitted(scenario, specs)
+    return specs
+
+
+def _build_engine(scenario: Scenario) -> EngineBase:
+    env = Environment()
+    backend = SimulatedBackend(scenario.backend)
+    if scenario.engine == "batching":
+        assert scenario.batching is not None
+        return scenario.batching.build(backend, FcfsScheduler(), env)
+    if scenario.engine == "single_slot_fast":
+        return FastSimulationEngine(backend, FcfsScheduler(), env=env)
+    return SimulationEngine(backend, FcfsScheduler(), env=env)
+
+
+def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> EngineBase:
+    """A new engine for *scenario* with every one of *specs* submitted, not yet run."""
+    engine = _build_engine(scenario)
+    for spec in specs:
+        try:
+            engine.submit(spec.to_request())
+        except (ValueError, OverflowError) as error:
+            key = f"request {spec.request_id}"
+            rule = str(error).removeprefix(f"{key} ")
+            raise ScenarioError(scenario.source, key, rule) from None
+    return engine
+
+
+def _canceller(engine: EngineBase, request_id: int) -> Callable[[Any], None]:
+    def cancel(_event: Any) -> None:
+        if not engine.requests[request_id].is_terminal:
+            engine.cancel_request(request_id)
+
+    return cancel

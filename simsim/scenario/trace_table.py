@@ -1,0 +1,83 @@
+"""The ``[trace]`` table: requests replayed from a CSV trace file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simsim.scenario.checker import TomlChecker, from_trace_error
+from simsim.scenario.model import RequestSpec
+from simsim.traces import TraceError, TraceOverflowError, read_azure_trace, read_plain_trace
+
+__all__ = ["parse_trace", "read_trace_csv"]
+
+_TRACE_KEYS = (
+    "path",
+    "format",
+    "time_scale",
+    "window_start_us",
+    "window_duration_us",
+    "window_start_s",
+    "window_duration_s",
+    "first_request_id",
+)
+
+
+def parse_trace(
+    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
+) -> list[RequestSpec]:
+    """The requests of a ``[trace]`` table; *base_dir* anchors a relative path."""
+    check.keys(table, _TRACE_KEYS, "trace")
+    path = Path(check.string(table, "path", "trace"))
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    fmt = check.choice(table, "format", "trace", ("plain", "azure"), default="plain")
+    time_scale = check.number(table, "time_scale", "trace", default=1.0)
+    first = check.integer(table, "first_request_id", "trace", default=0)
+    window_keys = {
+        "plain": ("window_start_us", "window_duration_us"),
+        "azure": ("window_start_s", "window_duration_s"),
+    }[fmt]
+    for key in _TRACE_KEYS:
+        if key.startswith("window_") and key in table and key not in window_keys:
+            raise check.fail(
+                f"trace.{key}", f"not for format {fmt!r}; use {' and '.join(window_keys)}"
+            )
+    try:
+        if fmt == "plain":
+            requests = read_plain_trace(
+                path,
+                time_scale=time_scale,
+                window_start_us=check.optional_time(table, "window_start_us", "trace"),
+                window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
+                first_request_id=first,
+            )
+        else:
+            requests = read_azure_trace(
+                path,
+                time_scale=time_scale,
+                window_start_s=check.optional_number(table, "window_start_s", "trace"),
+                window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
+                first_request_id=first,
+            )
+    except TraceOverflowError as error:
+        # The trace is fine; this file's time_scale or first_request_id pushed it too far.
+        raise check.fail(f"trace.{error.argument}", str(error)) from None
+    except TraceError as error:
+        raise from_trace_error(error) from None
+    except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail("trace", str(error)) from None
+    return [RequestSpec.of(request) for request in requests]
+
+
+def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[RequestSpec]:
+    """Read a plain CSV trace (see :func:`simsim.traces.read_plain_trace`) as specs.
+
+    Errors are :class:`ScenarioError` naming the file, the line and the column.
+    """
+    try:
+        requests = read_plain_trace(path, first_request_id=first_request_id)
+    except TraceError as error:
+        raise from_trace_error(error) from None
+    return [RequestSpec.of(request) for request in requests]

@@ -1,0 +1,214 @@
+"""The ``[workload]`` table: generated requests, their arrival processes and distributions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simsim.clock import MAX_TIME_US
+from simsim.scenario.checker import ScenarioError, TomlChecker, from_trace_error, make
+from simsim.scenario.model import Workload
+from simsim.traces import TraceError
+from simsim.workloads import (
+    ArrivalProcess,
+    ClosedLoopWorkload,
+    Empirical,
+    Exponential,
+    Fixed,
+    FixedRateArrivals,
+    GammaArrivals,
+    LengthDistribution,
+    LogNormal,
+    OpenLoopWorkload,
+    PoissonArrivals,
+    Uniform,
+)
+
+__all__ = ["parse_workload"]
+
+_OPEN_LOOP_KEYS = (
+    "kind",
+    "count",
+    "arrivals",
+    "rate_per_s",
+    "prompt_tokens",
+    "output_tokens",
+    "patience_us",
+    "first_request_id",
+    "start_time_us",
+)
+_CLOSED_LOOP_KEYS = (
+    "kind",
+    "users",
+    "think_time_us",
+    "prompt_tokens",
+    "output_tokens",
+    "patience_us",
+    "requests_per_user",
+    "horizon_us",
+    "first_request_id",
+)
+_ARRIVAL_KEYS = {
+    "poisson": ("process", "rate_per_s"),
+    "gamma": ("process", "rate_per_s", "cv"),
+    "fixed": ("process", "rate_per_s"),
+}
+_DISTRIBUTION_KEYS = {
+    "fixed": ("distribution", "value"),
+    "uniform": ("distribution", "low", "high"),
+    "lognormal": ("distribution", "mean", "cv", "low", "high"),
+    "exponential": ("distribution", "mean", "low", "high"),
+    "empirical": ("distribution", "values", "weights", "path", "column", "weight_column"),
+}
+
+
+MAX_GENERATED_REQUESTS = 10_000_000
+"""The most requests (or closed-loop users) one ``[workload]`` may ask for.
+
+A run holds every request in memory, about 1 GB per million on the fast engine (more on
+the others); a larger count is refused before anything is allocated.
+"""
+
+
+def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None) -> Workload:
+    """The workload of a ``[workload]`` table (open or closed loop)."""
+    kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
+    where = "workload"
+    try:
+        if kind == "closed_loop":
+            check.keys(table, _CLOSED_LOOP_KEYS, where)
+            users = _bounded_count(check, table, "users")
+            per_user = check.optional_integer(table, "requests_per_user", where)
+            first = check.integer(table, "first_request_id", where, default=0)
+            if per_user is not None:
+                _check_ids(check, first, users * per_user)
+            return ClosedLoopWorkload(
+                users=users,
+                think_time_us=_parse_distribution(check, table, "think_time_us", base_dir),
+                prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
+                output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
+                requests_per_user=per_user,
+                horizon_us=check.optional_time(table, "horizon_us", where),
+                first_request_id=first,
+                patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+            )
+        check.keys(table, _OPEN_LOOP_KEYS, where)
+        count = _bounded_count(check, table, "count")
+        first = check.integer(table, "first_request_id", where, default=0)
+        _check_ids(check, first, count)
+        return OpenLoopWorkload(
+            arrivals=_parse_arrivals(check, table),
+            prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
+            output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
+            count=count,
+            patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+            first_request_id=first,
+            start_us=check.time(table, "start_time_us", where, default=0),
+        )
+    except ScenarioError:
+        raise
+    except TraceError as error:
+        raise from_trace_error(error) from None
+    except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail(where, str(error)) from None
+
+
+def _bounded_count(check: TomlChecker, table: Mapping[str, Any], key: str) -> int:
+    value = check.integer(table, key, "workload")
+    if value > MAX_GENERATED_REQUESTS:
+        raise check.fail(
+            f"workload.{key}",
+            f"{value:,} is more than the limit of {MAX_GENERATED_REQUESTS:,} per workload "
+            "(every request is held in memory, about 1 GB per million)",
+        )
+    return value
+
+
+def _check_ids(check: TomlChecker, first: int, count: int) -> None:
+    if count and first + count - 1 > MAX_TIME_US:
+        raise check.fail(
+            "workload.first_request_id",
+            f"{first} numbers {count} requests up to {first + count - 1}, past the 64-bit "
+            "limit 2**63 - 1",
+        )
+
+
+def _parse_arrivals(check: TomlChecker, table: Mapping[str, Any]) -> ArrivalProcess:
+    where = "workload"
+    if "rate_per_s" in table:
+        if "arrivals" in table:
+            raise check.fail("workload.rate_per_s", "give either rate_per_s or arrivals, not both")
+        return make(
+            check, "workload.rate_per_s", PoissonArrivals, check.number(table, "rate_per_s", where)
+        )
+    spec = check.table(table, "arrivals", "workload.arrivals")
+    if "arrivals" not in table:
+        raise check.fail("workload.arrivals", "missing required key (or give rate_per_s)")
+    at = "workload.arrivals"
+    process = check.choice(spec, "process", at, tuple(_ARRIVAL_KEYS), default="poisson")
+    check.keys(spec, _ARRIVAL_KEYS[process], at)
+    rate = check.number(spec, "rate_per_s", at)
+    if process == "gamma":
+        return make(check, at, GammaArrivals, rate, check.number(spec, "cv", at))
+    if process == "fixed":
+        return make(check, at, FixedRateArrivals, rate)
+    return make(check, at, PoissonArrivals, rate)
+
+
+def _parse_optional_distribution(
+    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
+) -> LengthDistribution | None:
+    if key not in table:
+        return None
+    return _parse_distribution(check, table, key, base_dir)
+
+
+def _parse_distribution(
+    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
+) -> LengthDistribution:
+    at = f"workload.{key}"
+    if key not in table:
+        raise check.fail(at, "missing required key")
+    value = table[key]
+    if isinstance(value, list):
+        low, high = check.int_range(table, key, "workload")
+        return make(check, at, Uniform, low, high)
+    if type(value) is int:
+        return make(check, at, Fixed, check.integer(table, key, "workload"))
+    spec = check.table(table, key, at)
+    kind = check.choice(spec, "distribution", at, tuple(_DISTRIBUTION_KEYS), default="")
+    check.keys(spec, _DISTRIBUTION_KEYS[kind], at)
+    if kind == "fixed":
+        return make(check, at, Fixed, check.integer(spec, "value", at))
+    if kind == "uniform":
+        return make(
+            check, at, Uniform, check.integer(spec, "low", at), check.integer(spec, "high", at)
+        )
+    floor = check.integer(spec, "low", at, default=0)
+    ceiling = check.optional_integer(spec, "high", at)
+    if kind == "lognormal":
+        mean, cv = check.number(spec, "mean", at), check.number(spec, "cv", at)
+        return make(check, at, LogNormal, mean, cv, floor, ceiling)
+    if kind == "exponential":
+        return make(check, at, Exponential, check.number(spec, "mean", at), floor, ceiling)
+    if "path" in spec:
+        path = Path(check.string(spec, "path", at))
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        weight_column = spec.get("weight_column")
+        return make(
+            check,
+            at,
+            Empirical.from_csv,
+            path,
+            check.string(spec, "column", at),
+            weight_column=None
+            if weight_column is None
+            else check.string(spec, "weight_column", at),
+        )
+    values = spec.get("values")
+    weights = spec.get("weights")
+    if not isinstance(values, list):
+        raise check.fail(f"{at}.values", "an empirical distribution needs values = [...] or path")
+    return make(check, at, Empirical, tuple(values), None if weights is None else tuple(weights))

@@ -1,0 +1,313 @@
+"""Bad input never shows a CLI user a traceback: one line naming the file, the key and the rule.
+
+Each test runs the real command line (``simsim.cli.main``, or the ``simsim`` console
+script in a subprocess) on a file that once ended in a Python traceback, a misleading
+message or a memory error, and checks exit status 2 and a single stderr line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simsim import cli
+from simsim.cli import main
+
+BACKEND = """
+[backend]
+prefill_base_us = 100
+decode_base_us = 10
+"""
+
+ONE_REQUEST = """
+[[requests]]
+request_id = 0
+arrival_time_us = 0
+prompt_token_count = 1
+max_output_tokens = 1
+"""
+
+PLAIN_HEADER = "request_id,arrival_time_us,prompt_token_count,max_output_tokens\n"
+
+
+def workload(body: str) -> str:
+    return BACKEND + "[workload]\n" + body + "\n"
+
+
+def write(directory: Path, text: str, name: str = "scenario.toml") -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run ``simsim *argv*``; it must exit 2 with one stderr line and no traceback."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("simsim: error: ")
+    return lines[0]
+
+
+def assert_names(line: str, *parts: str) -> None:
+    for part in parts:
+        assert part in line, f"{part!r} not in {line!r}"
+
+
+# ---------------------------------------------------------------- the scenario file
+
+
+def test_non_utf8_byte_names_the_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_bytes((BACKEND + ONE_REQUEST).encode() + b'[scenario]\nname = "caf\xe9"\n')
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: line 12: ", "not UTF-8 text (byte 0xe9")
+
+
+def test_non_utf8_byte_through_the_console_script(tmp_path: Path) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_bytes(b"[backend]\nprefill_base_us = 1 # \xff\n" + ONE_REQUEST.encode())
+    done = subprocess.run(
+        [sys.executable, "-m", "simsim", "run", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"simsim: error: {path}: line 2: not UTF-8 text (byte 0xff at offset 32); "
+        "TOML files must be UTF-8"
+    ]
+
+
+# ---------------------------------------------------------------- traces
+
+
+def test_time_scale_pushing_an_arrival_past_64_bits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path, PLAIN_HEADER + "0,0,1,1\n1,5000000000000000000,1,1\n", "trace.csv")
+    path = write(tmp_path, BACKEND + '[trace]\npath = "trace.csv"\ntime_scale = 0.5\n')
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert_names(
+        line,
+        f"{path}: trace.time_scale: ",
+        "trace.csv: line 3: ",
+        "scaled arrival time 10000000000000000000 us",
+        "past the 64-bit limit",
+    )
+
+
+def test_trace_first_request_id_near_the_64_bit_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path, "arrival_time_us,prompt_token_count,max_output_tokens\n0,1,1\n1,1,1\n", "t.csv")
+    path = write(tmp_path, BACKEND + f'[trace]\npath = "t.csv"\nfirst_request_id = {2**63 - 1}\n')
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(
+        line, f"{path}: trace.first_request_id: ", "2 replayed rows up to 9223372036854775808"
+    )
+
+
+def test_workload_first_request_id_near_the_64_bit_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "count = 3\nrate_per_s = 1.0\nprompt_tokens = 1\noutput_tokens = 1\n"
+    body += f"first_request_id = {2**63 - 2}"
+    path = write(tmp_path, workload(body))
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: workload.first_request_id: ", "past the 64-bit limit")
+
+
+def test_closed_loop_first_request_id_near_the_64_bit_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "kind = 'closed_loop'\nusers = 2\nrequests_per_user = 2\nthink_time_us = 0\n"
+    body += f"prompt_tokens = 1\noutput_tokens = 1\nfirst_request_id = {2**63 - 3}"
+    path = write(tmp_path, workload(body))
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: workload.first_request_id: ", "numbers 4 requests")
+
+
+def test_misspelt_trace_column_gets_a_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write(tmp_path, "arrival_time_us,prompt_tokens,max_output_tokens\n0,1,1\n", "t.csv")
+    path = write(tmp_path, BACKEND + '[trace]\npath = "t.csv"\n')
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(
+        line,
+        f"{trace}: line 1: missing columns ['prompt_token_count']",
+        "(did you mean 'prompt_tokens' for 'prompt_token_count'?)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("trace_format", "text"),
+    [
+        ("plain", PLAIN_HEADER.strip() + ",priority,user\n0,0,5,2,high,u1\n1,10,3,1,low,u2\n"),
+        (
+            "azure",
+            "TIMESTAMP,ContextTokens,GeneratedTokens,Model\n"
+            "2023-11-16 18:00:00,5,2,m\n2023-11-16 18:00:01,3,1,m\n",
+        ),
+    ],
+)
+def test_extra_trace_columns_are_accepted_and_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], trace_format: str, text: str
+) -> None:
+    write(tmp_path, text, "t.csv")
+    path = write(tmp_path, BACKEND + f'[trace]\npath = "t.csv"\nformat = "{trace_format}"\n')
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "requests      2 (finished 2)" in captured.out
+
+
+# ---------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize("cv", ["1e300", "1e-300"])
+def test_gamma_cv_out_of_float_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cv: str
+) -> None:
+    arrivals = f"arrivals = {{ process = 'gamma', rate_per_s = 1.0, cv = {cv} }}"
+    path = write(tmp_path, workload(f"count = 3\n{arrivals}\nprompt_tokens = 1\noutput_tokens = 1"))
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert_names(line, f"{path}: workload.arrivals: cv = {float(cv)!r} is out of range")
+    assert not (tmp_path / "out").exists()
+
+
+def test_huge_count_is_refused_before_allocating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        workload("count = 99999999999\nrate_per_s = 1.0\nprompt_tokens = 1\noutput_tokens = 1"),
+    )
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert_names(
+        line, f"{path}: workload.count: 99,999,999,999 is more than the limit of 10,000,000"
+    )
+
+
+def test_huge_closed_loop_user_count_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "kind = 'closed_loop'\nusers = 99999999999\nhorizon_us = 10\nthink_time_us = 0\n"
+    path = write(tmp_path, workload(body + "prompt_tokens = 1\noutput_tokens = 1"))
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: workload.users: ", "limit of 10,000,000")
+
+
+def test_lognormal_cv_past_float_range_is_refused_not_a_negative_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = "prompt_tokens = { distribution = 'lognormal', mean = 100, cv = 1e308 }"
+    path = write(tmp_path, workload(f"count = 3\nrate_per_s = 1.0\n{tokens}\noutput_tokens = 1"))
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: workload.prompt_tokens: cv = 1e+308 is out of range")
+    assert "negative" not in line
+
+
+def test_empirical_weights_whose_sum_overflows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = (
+        "prompt_tokens = { distribution = 'empirical', values = [1, 2], weights = [1e308, 1e308] }"
+    )
+    path = write(tmp_path, workload(f"count = 3\nrate_per_s = 1.0\n{tokens}\noutput_tokens = 1"))
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, f"{path}: workload.prompt_tokens: weights must have a finite sum")
+
+
+# ---------------------------------------------------------------- --out
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    return write(tmp_path, BACKEND + ONE_REQUEST)
+
+
+def test_run_out_naming_an_existing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario: Path
+) -> None:
+    target = write(tmp_path, "keep me", "results")
+    line = one_line_error(capsys, "run", str(scenario), "--out", str(target))
+    assert line == f"simsim: error: --out: {target} is a file, not a folder"
+    assert target.read_text() == "keep me"
+
+
+def test_run_out_in_an_unwritable_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario: Path
+) -> None:
+    blocker = write(tmp_path, "", "file")
+    # A folder under a file can never be made, whoever runs the test (root included).
+    line = one_line_error(capsys, "run", str(scenario), "--out", str(blocker / "out"))
+    assert line == (
+        f"simsim: error: --out: cannot create the folder {blocker / 'out'} (Not a directory)"
+    )
+
+
+def test_run_out_checked_before_the_simulation_runs(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    scenario: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a bad --out must be refused before running")
+
+    monkeypatch.setattr(cli, "run_scenario", boom)
+    target = write(tmp_path, "", "results")
+    one_line_error(capsys, "run", str(scenario), "--out", str(target))
+
+
+def test_sweep_out_naming_an_existing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = Path(__file__).resolve().parent.parent / "examples" / "sweeps" / "batching_load.toml"
+    target = write(tmp_path, "", "results")
+    line = one_line_error(capsys, "sweep", str(sweep), "--out", str(target), "--workers", "1")
+    assert line == f"simsim: error: --out: {target} is a file, not a folder"
+
+
+def test_plot_out_naming_an_existing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results"
+    assert main(["run", str(scenario), "--out", str(results)]) == 0
+    capsys.readouterr()
+    target = write(tmp_path, "", "figures")
+    line = one_line_error(capsys, "plot", str(results), "--out", str(target))
+    assert line == f"simsim: error: --out: {target} is a file, not a folder"
+
+
+# ---------------------------------------------------------------- the last line of defence
+
+
+def test_an_unexpected_exception_is_one_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bug(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("something simsim did not expect")
+
+    monkeypatch.setattr(cli, "run_scenario", bug)
+    code = main(["run", str(scenario), "--out", str(scenario.parent / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.splitlines() == [
+        "simsim: internal error: RuntimeError: something simsim did not expect "
+        "(a bug in simsim: please report it with the command and files used)"
+    ]
