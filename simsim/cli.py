@@ -211,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     if isinstance(engine, BatchingEngine):
         frames["iterations"] = engine.iterations_frame()
-    summary = summarize(frames["requests"])
+    summary = summarize(frames["requests"], slots=engine.max_active_requests)
     frames["summary"] = summary.reset_index()
     for name, frame in frames.items():
         path = out / f"{name}.{args.format}"
@@ -271,6 +271,15 @@ def _summary_table(summary: pd.DataFrame, requests: pd.DataFrame) -> str:
             f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
             f"{values['throughput_tokens_per_s']:.1f} tokens/s"
         )
+    if "utilization" in values.index:
+        if pd.isna(values["utilization"]):
+            lines.append("occupancy     n/a (no makespan)")
+        else:
+            lines.append(
+                f"occupancy     {values['utilization']:.1%} of slot time busy, "
+                f"{values['mean_active_requests']:.2f} requests in slots and "
+                f"{values['mean_queue_length']:.2f} queued on average"
+            )
     stats = ("mean", "p50", "p90", "p99")
     lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
     for column, label, covers, why_missing in _LATENCY_ROWS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import simsim
@@ -137,6 +138,22 @@ def test_each_latency_row_says_whom_it_covers(
     assert row(lines, "TTFT").endswith("   2 requests that produced a token")
     assert row(lines, "e2e latency").endswith("   3 finished requests")
     assert row(lines, "TPOT").endswith("   1 finished requests with 2+ tokens")
+
+
+def test_the_run_table_reports_occupancy_over_the_makespan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Request 0 holds the slot 0..130 us, request 1 waits 0..130 and runs 130..260: the
+    # slot is busy all 260 us and one request is queued for half of them.
+    text = "[backend]\nprefill_base_us = 100\ndecode_base_us = 10\n"
+    text += request(0) + request(1)
+    lines = run_table(capsys, write(tmp_path, text), tmp_path / "out")
+    assert row(lines, "occupancy") == (
+        "occupancy     100.0% of slot time busy, 1.00 requests in slots and 0.50 queued on average"
+    )
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("metric")["value"]
+    assert summary["utilization"] == 1.0
+    assert summary["mean_queue_length"] == 0.5
 
 
 def test_times_are_in_ms_or_s_never_scientific(

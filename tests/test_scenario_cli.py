@@ -58,6 +58,9 @@ METRICS = [
         for column in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
         for stat in ("mean", "p50", "p90", "p99")
     ),
+    "mean_queue_length",
+    "mean_active_requests",
+    "utilization",
 ]
 
 
