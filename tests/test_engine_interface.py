@@ -16,7 +16,7 @@ ENGINES = Path(simsim.__file__).parent / "engines"
 
 
 class AdmitsNothing(EngineBase):
-    """A server with only two of the three hooks."""
+    """A server without _cancel_active and max_active_requests."""
 
     def _is_idle(self) -> bool:
         return True
@@ -26,19 +26,25 @@ class AdmitsNothing(EngineBase):
 
 
 class Complete(AdmitsNothing):
+    @property
+    def max_active_requests(self) -> int:
+        return 1
+
     def _cancel_active(self, request: Request, now: int) -> None:
         return None
 
 
 def test_a_server_missing_a_hook_fails_at_construction_naming_it() -> None:
     backend = simsim.SimulatedBackend(EASY_CONFIG)
-    with pytest.raises(TypeError, match="_cancel_active"):
+    with pytest.raises(TypeError, match="_cancel_active.*max_active_requests"):
         AdmitsNothing(backend, None, None)  # type: ignore[abstract]
     assert Complete(backend, None, None).has_pending_events is False
 
 
 def test_every_hook_is_abstract() -> None:
-    assert EngineBase.__abstractmethods__ == frozenset({"_is_idle", "_admit", "_cancel_active"})
+    assert EngineBase.__abstractmethods__ == frozenset(
+        {"_is_idle", "_admit", "_cancel_active", "max_active_requests"}
+    )
 
 
 @pytest.mark.parametrize("name", ["_queue", "_eid", "_processing", "_stopped_at"])

@@ -184,6 +184,11 @@ class EngineBase(ABC):
         return self._scheduler
 
     @property
+    @abstractmethod
+    def max_active_requests(self) -> int:
+        """How many requests may hold a slot at once (``1`` on the single slot)."""
+
+    @property
     def failed(self) -> bool:
         """``True`` once an error in the engine's own work has failed it for good."""
         return self._failure is not None
