@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import functools
 import json
 import math
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -32,6 +38,7 @@ from simsim.results import REQUEST_COLUMNS, percentile_label, requests_frame, su
 from simsim.scenario import ScenarioError, parse_scenario, run_scenario
 from simsim.sweeps import (
     SweepFolderError,
+    SweepStopped,
     aggregate,
     expand_grid,
     mean_interval,
@@ -921,6 +928,92 @@ def test_an_interrupted_folder_is_completed_and_equals_an_uninterrupted_run(
         pd.read_csv(tmp_path / "runs.csv"),
         uninterrupted.runs,
         check_dtype=False,
+    )
+
+
+def test_sigterm_stops_a_sweep_in_python_with_sweep_stopped_and_keeps_its_runs(
+    tmp_path: Path,
+) -> None:
+    # In a child interpreter: were the signal not handled, it would end the test run.
+    script = textwrap.dedent(
+        """
+        import json, os, signal, sys
+        import simsim
+        from simsim.results import requests_frame
+        from simsim.sweeps import SweepStopped
+
+        def model(settings, seed):
+            if settings["n"] == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return requests_frame([])
+
+        try:
+            simsim.sweep(model, {"n": [1, 2, 3, 4]}, replications=1, workers=1, out=sys.argv[1])
+        except SweepStopped as error:
+            print(json.dumps({
+                "message": str(error),
+                "signal": error.signal_name,
+                "exit_status": error.exit_status,
+                "is_keyboard_interrupt": isinstance(error, KeyboardInterrupt),
+                "restored": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+            }))
+        """
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=functools.partial(signal.signal, signal.SIGTERM, signal.SIG_DFL),
+    )
+    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert json.loads(child.stdout) == {
+        "message": "stopped by SIGTERM",
+        "signal": "SIGTERM",
+        "exit_status": 143,
+        "is_keyboard_interrupt": True,
+        "restored": True,
+    }
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2  # the runs before the signal
+
+
+#: The signals :func:`signalling_model` sent, as the test's own handler received them.
+RECEIVED: list[int] = []
+
+
+def signalling_model(params: dict[str, Any], seed: int) -> pd.DataFrame:
+    """:func:`synthetic_model`, after sending this process SIGTERM and SIGHUP."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGHUP)
+    return synthetic_model(params, seed)
+
+
+def test_a_programs_own_signal_handlers_and_an_ignored_sighup_are_left_alone() -> None:
+    def record(number: int, frame: object) -> None:
+        RECEIVED.append(number)
+
+    RECEIVED.clear()
+    # A handler of the program's own for SIGTERM, and SIGHUP ignored as under nohup.
+    previous = signal.signal(signal.SIGTERM, record), signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        result = simsim.sweep(signalling_model, {"load": [1.0, 2.0]}, replications=1, workers=1)
+        assert len(result.runs) == 2  # ran to the end: the signals were not the sweep's
+        assert RECEIVED == [signal.SIGTERM, signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is record
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGHUP, previous[1])
+
+
+def test_sweep_stopped_names_its_signal_and_exit_status() -> None:
+    stopped = SweepStopped(signal.SIGHUP)
+    assert isinstance(stopped, KeyboardInterrupt)
+    assert (str(stopped), stopped.signal_name, stopped.exit_status) == (
+        "stopped by SIGHUP",
+        "SIGHUP",
+        129,
     )
 
 

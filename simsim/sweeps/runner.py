@@ -24,6 +24,7 @@ import pandas as pd
 from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
+from simsim.sweeps.signals import StopOnSignals
 from simsim.workloads import check_seed
 
 __all__ = [
@@ -49,6 +50,8 @@ MANIFEST = "sweep.json"
 RUNS_FOLDER = "runs"
 _FORMAT = "simsim-sweep"
 _RESERVED_KEYS = ("scenario.seed",)
+_TERMINATE_WAIT_S = 5.0
+"""How long a terminated worker may take to exit before it is killed."""
 
 
 def metric_names(
@@ -276,7 +279,8 @@ class Runner:
         self.ttft_slo_us = ttft_slo_us
         self.tpot_slo_us = tpot_slo_us
         self._executor = executor
-        self._owned: concurrent.futures.Executor | None = None
+        self._owned: concurrent.futures.ProcessPoolExecutor | None = None
+        self._signals = StopOnSignals()
         self._workers = workers if workers is not None else (os.cpu_count() or 1)
         self._progress = progress
         self.metrics = metric_names(
@@ -390,17 +394,52 @@ class Runner:
             self._owned = concurrent.futures.ProcessPoolExecutor(max_workers=self._workers)
         return self._owned
 
-    def close(self) -> None:
-        """Shut down the process pool the runner started, if any."""
-        if self._owned is not None:
-            self._owned.shutdown(wait=True, cancel_futures=True)
+    def close(self, *, stop_workers: bool = False) -> None:
+        """Shut down the process pool the runner started, if any.
+
+        Normally the runs in flight finish first (their results are dropped). With
+        *stop_workers* (the sweep was interrupted) the worker processes are terminated
+        instead; so they are too when an interrupt arrives while waiting for them.
+        """
+        pool = self._owned
+        if pool is None:
+            return
+        try:
+            if stop_workers:
+                _terminate_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            _terminate_workers(pool)
+            raise
+        finally:
             self._owned = None
 
     def __enter__(self) -> Runner:
+        self._signals.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        try:
+            # Ctrl-C, SIGTERM or SIGHUP (SweepStopped): the workers must not outlive us.
+            self.close(stop_workers=isinstance(exc_info[1], KeyboardInterrupt))
+        finally:
+            self._signals.__exit__()
+
+
+def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Cancel *pool*'s pending runs and end its worker processes now, not after their run."""
+    # Python 3.14 has ProcessPoolExecutor.terminate_workers(); before, the processes are
+    # only reachable through the pool's private table, as that method itself does.
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    for worker in workers:
+        worker.join(timeout=_TERMINATE_WAIT_S)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 @contextlib.contextmanager
