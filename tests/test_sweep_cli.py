@@ -21,6 +21,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -605,6 +606,24 @@ def test_a_refused_folder_is_not_announced_as_resumed(
     code, stdout, _ = cli_run(capsys, "sweep", str(other), "--out", str(out), "--workers", "1")
     assert code == 2
     assert "resum" not in stdout
+
+
+def test_a_run_file_copied_under_another_runs_name_exits_2_naming_it(
+    tmp_path: Path, serial_small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(serial_small, out)
+    first, second = run_files(out)[:2]
+    second.write_bytes(first.read_bytes())  # a run saved under the wrong name
+    (out / "summary.csv").unlink()
+    before = snapshot(out)
+    path = write(tmp_path, SMALL)
+    code, stdout, err = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 2
+    assert stdout == ""
+    assert err.startswith(f"simsim: error: {second}: the run file does not match its name: ")
+    assert err.count("\n") == 1
+    assert snapshot(out) == before  # nothing loaded, nothing written
 
 
 def test_a_run_results_folder_is_not_overwritten_by_a_sweep(

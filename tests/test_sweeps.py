@@ -931,6 +931,52 @@ def test_an_interrupted_folder_is_completed_and_equals_an_uninterrupted_run(
     )
 
 
+def _rewrite(path: Path, **changes: Any) -> None:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**record, **changes}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("tamper", "disagreement"),
+    [
+        (
+            lambda run, other: _rewrite(run, key=json.loads(other.read_text())["key"]),
+            r"stores key '[0-9a-f]{32}' where its name says '[0-9a-f]{32}'",
+        ),
+        (lambda run, other: _rewrite(run, replication=1), r"replication 1 where"),
+        (lambda run, other: _rewrite(run, replication=True), r"replication True where"),
+        (lambda run, other: _rewrite(run, seed=12345), r"seed 12345 where this sweep's"),
+        # Another run's file under this run's name: its key or replication, and its seed.
+        (lambda run, other: run.write_bytes(other.read_bytes()), r"seed \d+ where"),
+    ],
+    ids=["key", "replication", "replication_true", "seed", "another_runs_file"],
+)
+def test_a_run_file_that_disagrees_with_its_name_is_refused_not_loaded(
+    tmp_path: Path,
+    tamper: Callable[[Path, Path], None],
+    disagreement: str,
+    calls: list[tuple[dict[str, Any], int]],
+) -> None:
+    grid = {"load": [1.0, 2.0]}
+    simsim.sweep(counting_model, grid, replications=2, seed=8, workers=1, out=tmp_path)
+    runs = sorted((tmp_path / "runs").glob("*.json"))
+    zero = [run for run in runs if run.name.endswith("-0.json")]
+    # A run of the other point, and the other replication.
+    key = zero[0].name.split("-")[0]
+    other = next(run for run in runs if not run.name.startswith(key) and run not in zero)
+    tamper(zero[0], other)
+    before = {run.name: run.read_bytes() for run in runs}
+    calls.clear()
+    with pytest.raises(SweepFolderError) as refused:
+        simsim.sweep(counting_model, grid, replications=2, seed=8, workers=1, out=tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{zero[0]}: the run file does not match its name: it stores ")
+    assert re.search(disagreement, message), message
+    assert message.endswith("(delete the file to run that run again)")
+    assert calls == []  # refused before anything ran
+    assert {run.name: run.read_bytes() for run in runs} == before
+
+
 def test_sigterm_stops_a_sweep_in_python_with_sweep_stopped_and_keeps_its_runs(
     tmp_path: Path,
 ) -> None:

@@ -216,23 +216,51 @@ class _Store:
         return self.runs / f"{point.key}-{replication}.json"
 
     def load(
-        self, point: SweepPoint, replication: int, metrics: Sequence[str]
+        self, point: SweepPoint, replication: int, seed: int, metrics: Sequence[str]
     ) -> Mapping[str, float] | None:
-        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet."""
+        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet.
+
+        The file must say it is this run: its stored key and replication must be those
+        of its name, and its seed the one this sweep derives for the run. A file that
+        disagrees (copied or renamed from another run or another folder) is refused,
+        not loaded under the wrong name.
+        """
         path = self.path(point, replication)
         if not path.exists():
             return None
         try:
-            stored = json.loads(path.read_text(encoding="utf-8"))["metrics"]
-            return {name: float(stored[name]) for name in metrics}
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            disagreements = [
+                f"{field} {stored.get(field)!r} where {expected_from} {expected!r}"
+                for field, expected, expected_from in (
+                    ("key", point.key, "its name says"),
+                    ("replication", replication, "its name says"),
+                    ("seed", seed, "this sweep's seed for the run is"),
+                )
+                if not _same_json_value(stored.get(field), expected)
+            ]
+            values = stored["metrics"]
+            loaded = {name: float(values[name]) for name in metrics}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise SweepFolderError(
                 f"{path}: not a finished run of this sweep ({type(error).__name__}: {error}); "
                 "delete the file to run it again"
             ) from None
+        if disagreements:
+            raise SweepFolderError(
+                f"{path}: the run file does not match its name: it stores "
+                f"{'; '.join(disagreements)}; a run file must keep the name the sweep gave "
+                "it (delete the file to run that run again)"
+            )
+        return loaded
 
     def save(self, record: RunRecord) -> None:
         write_json(self.path(record.point, record.replication), record.to_json())
+
+
+def _same_json_value(stored: object, expected: str | int) -> bool:
+    """Whether a value read from JSON is *expected* (``true`` is not the integer 1)."""
+    return type(stored) is type(expected) and stored == expected
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -338,7 +366,9 @@ class Runner:
         for point, replication in pairs:
             seed = run_seed(self.seed, point.key, replication)
             stored = (
-                None if self._store is None else self._store.load(point, replication, self.metrics)
+                None
+                if self._store is None
+                else self._store.load(point, replication, seed, self.metrics)
             )
             if stored is not None:
                 results[point.key, replication] = RunRecord(point, replication, seed, stored)
