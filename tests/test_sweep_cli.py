@@ -39,6 +39,7 @@ from simsim import cli, plots
 from simsim.cli import main
 from simsim.sweeps.grid import expand_grid
 from simsim.sweeps.spec import load_sweep, run_sweep
+from simsim.sweeps.sweep import SUMMARY_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "sweeps"
@@ -1051,6 +1052,38 @@ def test_sweep_figures_draw_one_shaded_line_per_configuration_against_load(
             assert {"TTFT p50", "TTFT p99", "TPOT p90", "end-to-end latency p99"} <= titles
         else:
             assert "goodput (requests meeting the SLOs / s)" in titles
+
+
+def test_sweep_figures_shade_intervals_only_within_each_metrics_range(tmp_path: Path) -> None:
+    # A summary as a folder written before intervals were clipped may hold it: a TTFT
+    # interval reaching below 0 and an SLO attainment interval reaching above 1.
+    rows = []
+    for point, rate in enumerate((1.0, 2.0)):
+        for metric, mean, low, high in (
+            ("ttft_us_p50", 2_000.0, -3_000.0, 7_000.0),
+            ("throughput_requests_per_s", 1.5, -0.5, 3.5),
+            ("throughput_tokens_per_s", 30.0, 10.0, 50.0),
+            ("goodput_requests_per_s", 1.2, -0.2, 2.6),
+            ("slo_attainment", 0.9, 0.6, 1.2),
+        ):
+            rows.append((point, rate, metric, mean, 1.0, 3, low, high))
+    summary = pd.DataFrame(rows, columns=["point", "workload.rate_per_s", *SUMMARY_COLUMNS])
+    folder = plots.SweepFolder(tmp_path, summary, "workload.rate_per_s", (), 0.95)
+    shaded: dict[str, tuple[float, float]] = {}
+    for draw in (plots.draw_sweep_latency, plots.draw_sweep_throughput):
+        fig = draw(folder)
+        try:
+            for ax in fig.axes:
+                for band in ax.collections:
+                    y = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
+                    shaded[ax.get_title()] = (float(y.min()), float(y.max()))
+        finally:
+            plt.close(fig)
+    assert shaded["TTFT p50"] == (0.0, 7.0)  # in ms
+    assert shaded["finished requests / s"] == (0.0, 3.5)
+    assert shaded["generated tokens / s"] == (10.0, 50.0)
+    assert shaded["goodput (requests meeting the SLOs / s)"] == (0.0, 2.6)
+    assert shaded["SLO attainment (fraction of requests)"] == (0.6, 1.0)
 
 
 def test_plot_on_a_sweep_without_a_grid_axis_exits_2(

@@ -42,6 +42,7 @@ from simsim.sweeps import (
     aggregate,
     expand_grid,
     mean_interval,
+    metric_range,
     run_seed,
     student_t_quantile,
 )
@@ -514,13 +515,67 @@ def test_summary_columns_and_student_t_intervals_from_the_runs() -> None:
         half = quantile * std / math.sqrt(4)
         assert row["mean"] == pytest.approx(mean, rel=1e-12, abs=1e-12)
         assert row["std"] == pytest.approx(std, rel=1e-9, abs=1e-9)
-        assert row["ci_low"] == pytest.approx(mean - half, rel=1e-9, abs=1e-6)
-        assert row["ci_high"] == pytest.approx(mean + half, rel=1e-9, abs=1e-6)
+        # Clipped to what the metric can take: 0 and up, at most 1 for the attainment.
+        lowest, highest = metric_range(row["metric"])
+        low, high = min(max(mean - half, lowest), highest), max(min(mean + half, highest), lowest)
+        assert row["ci_low"] == pytest.approx(low, rel=1e-9, abs=1e-6)
+        assert row["ci_high"] == pytest.approx(high, rel=1e-9, abs=1e-6)
     ttft = summary.query("metric == 'ttft_us_p90'")
     assert (ttft["std"] > 0).all() and (ttft["ci_low"] < ttft["ci_high"]).all()
     counts = summary.query("metric == 'requests'")
     assert (counts[["mean", "ci_low", "ci_high"]] == 120.0).all().all()
     assert (counts["std"] == 0.0).all()
+
+
+def test_summary_intervals_stay_within_each_metrics_range() -> None:
+    # A wide spread between replications and an SLO that about half the requests meet:
+    # the unclipped t intervals reach below 0 (latencies) and above 1 (attainment).
+    result = simsim.sweep(
+        synthetic_model,
+        {"load": [0.5, 1.0]},
+        cases={"wide": {"spread": 2_000.0}},
+        replications=3,
+        seed=2,
+        ttft_slo_us=1_000,
+        workers=1,
+    )
+    summary = result.summary
+    unclipped = [
+        mean_interval(result.runs.loc[result.runs["point"] == row["point"], row["metric"]])
+        for row in summary.to_dict("records")
+    ]
+    assert any(interval.low < 0 for interval in unclipped)
+    metrics = summary["metric"].tolist()
+    assert any(i.high > 1 for i, m in zip(unclipped, metrics, strict=True) if m == "slo_attainment")
+    assert (summary["ci_low"].dropna() >= 0).all()
+    attainment = summary[summary["metric"] == "slo_attainment"]
+    assert (attainment["ci_high"] <= 1).all()
+    for interval, row in zip(unclipped, summary.to_dict("records"), strict=True):
+        lowest, highest = metric_range(row["metric"])
+        assert row["ci_low"] == min(max(interval.low, lowest), highest)
+        assert row["ci_high"] == max(min(interval.high, highest), lowest)
+        assert row["mean"] == interval.mean
+
+
+def test_point_and_axis_columns_have_the_same_dtypes_in_runs_and_summary(
+    tmp_path: Path,
+) -> None:
+    grid = {"load": [1.0, 2.0], "slots": [1, 2]}  # all numeric: once read as floats
+    result = simsim.sweep(synthetic_model, grid, replications=2, workers=1, out=tmp_path)
+    keys = ["point", *grid]
+    assert result.summary[keys].dtypes.to_dict() == result.runs[keys].dtypes.to_dict()
+    assert result.summary["point"].dtype == np.int64
+    assert result.summary["slots"].dtype == np.int64
+    # The same in the tables written to the folder, as pandas reads them back.
+    runs_csv, summary_csv = (
+        pd.read_csv(tmp_path / "runs.csv"),
+        pd.read_csv(tmp_path / "summary.csv"),
+    )
+    assert summary_csv[keys].dtypes.to_dict() == runs_csv[keys].dtypes.to_dict()
+    assert summary_csv["point"].dtype == np.int64
+    # With cases and without a grid too.
+    cased = simsim.sweep(synthetic_model, cases={"a": {}, "b": {"spread": 5.0}}, replications=2)
+    assert cased.summary["point"].dtype == cased.runs["point"].dtype == np.int64
 
 
 def test_one_replication_gives_nan_intervals() -> None:
@@ -560,7 +615,8 @@ def test_aggregate_leaves_out_nan_values() -> None:
     assert list(summary.columns) == ["point", "metric", "mean", "std", "count", "ci_low", "ci_high"]
     first, second = summary.to_dict("records")
     assert first["count"] == 2 and first["mean"] == 2.0
-    assert first["ci_low"] == pytest.approx(2.0 - student_t_quantile(0.975, 1) * 1.0)
+    assert first["ci_high"] == pytest.approx(2.0 + student_t_quantile(0.975, 1) * 1.0)
+    assert first["ci_low"] == 0.0  # 2.0 - 12.7 clipped: a TTFT is never below 0
     assert second["count"] == 1 and second["mean"] == 7.0 and math.isnan(second["ci_low"])
 
 
@@ -1247,6 +1303,32 @@ def test_capacity_search_on_a_model_finds_its_known_threshold() -> None:
     assert_verdicts_follow_the_rule(result)
 
 
+def test_capacity_evaluations_show_intervals_clipped_at_0() -> None:
+    # A per-run offset of sd 2000 us around a mean TTFT of 500-1000 us: two replications
+    # give t intervals far below 0, which a latency cannot reach.
+    result = simsim.capacity_search(
+        synthetic_model,
+        "load",
+        low=0.5,
+        high=1.0,
+        targets={"ttft_us_mean": 50_000},
+        settings={"spread": 2_000.0},
+        replications=2,
+        workers=1,
+        seed=5,
+    )
+    evaluations = result.evaluations
+    assert result.status == "all_meet"
+    assert (evaluations["ttft_us_mean_ci_low"] == 0.0).any()
+    assert (evaluations["ttft_us_mean_ci_low"] >= 0.0).all()
+    runs = result.runs
+    for row in evaluations.to_dict("records"):
+        values = runs.loc[runs["load"] == row["value"], "ttft_us_mean"]
+        free = mean_interval(values)
+        assert row["ttft_us_mean_ci_low"] == max(free.low, 0.0)
+        assert row["ttft_us_mean_ci_high"] == free.high
+
+
 def test_uncertain_verdicts_run_more_replications_up_to_the_maximum() -> None:
     # With two replications the interval is wide (t = 63.7 at df = 1 and 99%): loads near
     # the 5000 us target are uncertain and need more runs. Load 5, probed first, sits
@@ -1568,3 +1650,26 @@ def test_percentile_labels_keep_every_digit() -> None:
     assert percentile_label(99.99999) == "p99.99999"
     frame = summarize(finished_requests(np.arange(1, 101, dtype=np.int64)), percentiles=[99.99999])
     assert "ttft_us_p99.99999" in frame.index
+
+
+def test_mean_interval_is_clipped_to_its_bounds() -> None:
+    values = [0.2, 0.9, 1.0]
+    free = mean_interval(values)
+    assert free.low < 0 and free.high > 1  # a symmetric t interval from 3 values
+    clipped = mean_interval(values, bounds=(0.0, 1.0))
+    assert (clipped.low, clipped.high) == (0.0, 1.0)
+    assert (clipped.mean, clipped.std, clipped.count) == (free.mean, free.std, free.count)
+    one_sided = mean_interval([1.0, 2.0, 30.0], bounds=(0.0, math.inf))
+    assert one_sided.low == 0.0 and one_sided.high == mean_interval([1.0, 2.0, 30.0]).high
+    assert math.isnan(mean_interval([5.0], bounds=(0.0, 1.0)).low)  # one value: no interval
+    with pytest.raises(ValueError, match=r"bounds must be \(low, high\) with low <= high"):
+        mean_interval(values, bounds=(1.0, 0.0))
+
+
+def test_every_summarize_metric_has_a_range_and_fractions_end_at_1() -> None:
+    metrics = metric_names(ttft_slo_us=1_000, tpot_slo_us=100.0, percentiles=[50, 99.9])
+    ranges = {metric: metric_range(metric) for metric in metrics}
+    assert ranges.pop("slo_attainment") == (0.0, 1.0)
+    assert set(ranges.values()) == {(0.0, math.inf)}
+    for fraction in ("slot_utilisation", "busy_fraction", "gpu_utilization"):
+        assert metric_range(fraction) == (0.0, 1.0)

@@ -10,7 +10,7 @@ from simsim.sweeps.capacity import CapacityResult, capacity_search
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid, run_seed
 from simsim.sweeps.runner import SweepFolderError
 from simsim.sweeps.signals import SweepStopped
-from simsim.sweeps.stats import MeanInterval, mean_interval, student_t_quantile
+from simsim.sweeps.stats import MeanInterval, mean_interval, metric_range, student_t_quantile
 from simsim.sweeps.sweep import SweepResult, aggregate, sweep
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "capacity_search",
     "expand_grid",
     "mean_interval",
+    "metric_range",
     "run_seed",
     "student_t_quantile",
     "sweep",
