@@ -620,6 +620,24 @@ def test_aggregate_leaves_out_nan_values() -> None:
     assert second["count"] == 1 and second["mean"] == 7.0 and math.isnan(second["ci_low"])
 
 
+def test_aggregate_clips_known_metrics_and_leaves_a_callers_own_columns_alone() -> None:
+    runs = pd.DataFrame(
+        {
+            "point": [0, 0, 0],
+            "replication": [0, 1, 2],
+            "seed": [1, 2, 3],
+            "ttft_us_p99": [1.0, 2.0, 30.0],
+            "slo_attainment": [0.5, 1.0, 1.0],
+            "profit": [1.0, 2.0, 30.0],
+        }
+    )
+    summary = aggregate(runs, ["point"]).set_index("metric")
+    free = mean_interval([1.0, 2.0, 30.0])
+    assert summary.loc["ttft_us_p99", "ci_low"] == 0.0
+    assert summary.loc["slo_attainment", "ci_high"] == 1.0
+    assert summary.loc["profit", "ci_low"] == free.low < 0
+
+
 def test_runs_that_cannot_measure_a_metric_are_left_out_of_its_count() -> None:
     result = simsim.sweep(
         sometimes_unmeasured_model,
@@ -1673,3 +1691,8 @@ def test_every_summarize_metric_has_a_range_and_fractions_end_at_1() -> None:
     assert set(ranges.values()) == {(0.0, math.inf)}
     for fraction in ("slot_utilisation", "busy_fraction", "gpu_utilization"):
         assert metric_range(fraction) == (0.0, 1.0)
+    for count in ("queue_length_mean", "count_FINISHED", "prompt_tokens_mean"):
+        assert metric_range(count) == (0.0, math.inf)
+    # A column of the caller's own, which may be negative, is never clipped.
+    for unknown in ("profit", "status", "slack"):
+        assert metric_range(unknown) == (-math.inf, math.inf)

@@ -27,7 +27,12 @@ __all__ = [
 
 _TINY = 1e-300
 _EPSILON = 1e-15
-_FRACTION_WORDS = ("attainment", "fraction", "utilisation", "utilization")
+# Words of a metric's name (split at "_") that say what it can be: a fraction is in
+# [0, 1]; a count, a duration in microseconds, a rate or a length is at least 0.
+_FRACTION_WORDS = frozenset({"attainment", "fraction", "utilisation", "utilization"})
+_NON_NEGATIVE_WORDS = frozenset(
+    {"count", "requests", "tokens", "us", "throughput", "goodput", "length", "busy"}
+)
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
@@ -126,13 +131,20 @@ class MeanInterval:
 def metric_range(metric: str) -> tuple[float, float]:
     """The lowest and highest value a :func:`simsim.summarize` metric can take, by its name.
 
-    Every metric ``summarize`` reports is a count, a duration, a rate or a fraction, so
-    none is below 0. A fraction is at most 1: a metric whose name holds ``attainment``,
-    ``fraction``, ``utilisation`` or ``utilization`` (``slo_attainment``). Any other
-    metric has no upper limit.
+    The name's words (split at ``_``) tell. A fraction, with a word ``attainment``,
+    ``fraction``, ``utilisation`` or ``utilization`` (``slo_attainment``), is in [0, 1].
+    A count, a duration, a rate or a length, with a word ``count``, ``requests``,
+    ``tokens``, ``us`` (microseconds: ``ttft_us_p99``, ``makespan_us``), ``throughput``,
+    ``goodput``, ``length`` or ``busy``, is at least 0 with no upper limit. Every metric
+    ``summarize`` reports is one of these. A name with none of these words (a column of
+    the caller's own) gets no limits, so its interval is never clipped.
     """
-    name = metric.lower()
-    return (0.0, 1.0 if any(word in name for word in _FRACTION_WORDS) else math.inf)
+    words = set(metric.lower().split("_"))
+    if words & _FRACTION_WORDS:
+        return (0.0, 1.0)
+    if words & _NON_NEGATIVE_WORDS:
+        return (0.0, math.inf)
+    return (-math.inf, math.inf)
 
 
 def mean_interval(

@@ -96,7 +96,8 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
     Metrics are every column of *runs* that is neither in *by* nor ``replication`` or
     ``seed``. NaN values (a run that could not measure the metric) are left out. Each
     interval is clipped to its metric's range (:func:`~simsim.sweeps.stats.metric_range`):
-    fractions to [0, 1], everything else to 0 and above. The *by* columns keep their
+    fractions to [0, 1], counts, durations and rates to 0 and above, a column the names
+    of summarize's metrics do not describe not at all. The *by* columns keep their
     dtypes from *runs* (``point`` stays ``int64``).
     """
     metrics = [c for c in runs.columns if c not in (*by, "replication", "seed")]
@@ -106,7 +107,7 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
     ]
     rows = []
     for _, group in runs.groupby(pd.Series(labels, index=runs.index), sort=False):
-        # Column by column: a row of mixed types would turn an int column into floats.
+        # Column by column: a row of ints and floats would come back all floats.
         key_values = [group[column].iloc[0] for column in by]
         for metric in metrics:
             interval = mean_interval(
