@@ -39,6 +39,7 @@ from simsim.scenario import (
     run_scenario,
 )
 from simsim.sweeps.runner import MANIFEST, SweepFolderError
+from simsim.sweeps.signals import SweepStopped
 from simsim.sweeps.spec import load_sweep, run_sweep
 from simsim.sweeps.sweep import SweepResult
 
@@ -337,13 +338,19 @@ def _sweep(args: argparse.Namespace) -> int:
         except SweepFolderError as error:
             print(f"simsim: error: {error}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:
+            # SIGTERM and SIGHUP stop a sweep as Ctrl-C does, with their own exit status.
+            why, status = (
+                (str(error), error.exit_status)
+                if isinstance(error, SweepStopped)
+                else ("interrupted", 130)
+            )
             print(
-                f"\nsimsim: interrupted; finished runs are kept in {out}/: "
+                f"\nsimsim: {why}; finished runs are kept in {out}/: "
                 "run the same command again to resume",
                 file=sys.stderr,
             )
-            return 130
+            return status
         except (ArithmeticError, ValueError, TypeError, SimulationError) as error:
             print(
                 f"simsim: error: {args.sweep_file}: {type(error).__name__}: {error}",

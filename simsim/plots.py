@@ -49,6 +49,7 @@ from matplotlib.ticker import MaxNLocator
 
 from simsim.results import REQUEST_COLUMNS, requests_frame
 from simsim.sweeps.runner import MANIFEST
+from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import SUMMARY_FILE
 
 __all__ = [
@@ -677,8 +678,11 @@ def _draw_lines(ax: Axes, folder: SweepFolder, metric: str, scale: float) -> boo
         if np.all(np.isnan(mean)):
             continue
         (line,) = ax.plot(x, mean, marker="o", markersize=3, label=label or None)
-        low = rows["ci_low"].to_numpy(dtype=np.float64) * scale
-        high = rows["ci_high"].to_numpy(dtype=np.float64) * scale
+        # Clipped here too: a folder written before summaries were clipped may hold a
+        # latency interval below 0 or an attainment interval above 1.
+        lowest, highest = metric_range(metric)
+        low = np.clip(rows["ci_low"].to_numpy(dtype=np.float64), lowest, highest) * scale
+        high = np.clip(rows["ci_high"].to_numpy(dtype=np.float64), lowest, highest) * scale
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn = True
     ax.grid(True, alpha=0.3)

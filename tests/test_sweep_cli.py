@@ -3,10 +3,11 @@
 Resuming is tested for real: a ``python -m simsim sweep`` process is killed with
 SIGKILL once a few runs are on disk, resumed and stopped with Ctrl-C, then run again
 to the end; every finished run file must stay untouched (same bytes, same mtime), only
-the missing runs run, and the tables must equal those of an uninterrupted run. Bad
-sweep files exit with 2, naming the file, the key and the rule, before anything is
-written. Every example in ``examples/sweeps/`` runs through the command line, and its
-folder is plotted.
+the missing runs run, and the tables must equal those of an uninterrupted run. SIGTERM
+and SIGHUP sent to the main process alone must stop every process of the sweep (listed
+from /proc) and leave a folder that resumes the same way. Bad sweep files exit with 2,
+naming the file, the key and the rule, before anything is written. Every example in
+``examples/sweeps/`` runs through the command line, and its folder is plotted.
 
 The sweep files here use an inline ``[base]`` scenario with the cost model of the
 examples and small workloads, so a run takes from 10 to 150 ms.
@@ -14,11 +15,13 @@ examples and small workloads, so a run takes from 10 to 150 ms.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +39,7 @@ from simsim import cli, plots
 from simsim.cli import main
 from simsim.sweeps.grid import expand_grid
 from simsim.sweeps.spec import load_sweep, run_sweep
+from simsim.sweeps.sweep import SUMMARY_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "sweeps"
@@ -126,6 +130,14 @@ def cli_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def sweep_to_the_end(folder: Path, text: str, *, workers: int) -> Path:
+    """Run the sweep file *text* from *folder* to the end; its results folder."""
+    path = write(folder, text)
+    out = folder / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--workers", str(workers)]) == 0
+    return out
 
 
 def simsim_command(*argv: str) -> list[str]:
@@ -341,6 +353,121 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
     assert replications.tolist() == [[0, 1, 2, 3, 4]] * 6
 
 
+# 2 rates x 6 replications = 12 runs of about 0.05 s each, for the signal tests.
+SIGNALLED = (
+    "[sweep]\nreplications = 6\nseed = 3\n"
+    + "[base.scenario]\nengine = 'batching'\n[base.batching]\nmax_active_requests = 8\n"
+    + BASE.format(count=400)
+    + '[grid]\n"workload.rate_per_s" = [2.0, 8.0]\n'
+)
+
+
+def _proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time) of a process from /proc, or ``None`` if none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name, in parentheses, may hold spaces: split after its last ")".
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every process below *root*, with its start time (to tell a reused pid apart)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append((int(entry.name), stat[2]))
+    found: dict[int, int] = {}
+    stack = [root]
+    while stack:
+        for pid, start in children.get(stack.pop(), []):
+            found[pid] = start
+            stack.append(pid)
+    return found
+
+
+def survivors(processes: dict[int, int]) -> list[int]:
+    """The processes still running (a zombie waiting to be reaped has ended)."""
+    running = []
+    for pid, start in processes.items():
+        stat = _proc_stat(pid)
+        if stat is not None and stat[2] == start and stat[1] != "Z":
+            running.append(pid)
+    return running
+
+
+def _default_stop_signals() -> None:
+    # The suite may run under nohup (SIGHUP ignored): give the sweep a session's defaults.
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="module")
+def signalled_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The signal tests' sweep, run to the end without a stop."""
+    return sweep_to_the_end(tmp_path_factory.mktemp("signalled"), SIGNALLED, workers=2)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes in /proc")
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_main_process_stops_every_process_and_the_sweep_resumes(
+    number: signal.Signals,
+    signalled_reference: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A batch scheduler's SIGTERM, or a closed ssh session's SIGHUP, may reach the main
+    # process only: send it there, not to the group as a terminal's Ctrl-C does.
+    path = write(tmp_path, SIGNALLED)
+    out = tmp_path / "out"
+    # Output to files, not pipes: a worker left running would hold a pipe open.
+    stdout_path, stderr_path = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_path.open("w") as stdout_file, stderr_path.open("w") as stderr_file:
+        stopped = subprocess.Popen(
+            simsim_command("sweep", str(path), "--out", str(out), "--workers", "2"),
+            stdout=stdout_file,
+            stderr=stderr_file,
+            start_new_session=True,  # its own group, so that clean-up below reaches all of it
+            preexec_fn=_default_stop_signals,
+        )
+    try:
+        wait_for_runs(stopped, out, 2)
+        processes = descendants(stopped.pid)
+        assert len(processes) >= 2, "the two workers should be running"
+        stopped.send_signal(number)
+        stopped.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while survivors(processes) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert survivors(processes) == [], "a worker of the stopped sweep is still running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing left in the group: good
+            os.killpg(stopped.pid, signal.SIGKILL)
+        stopped.wait()
+    stderr = stderr_path.read_text(encoding="utf-8")
+    assert stopped.returncode == 128 + number, stderr
+    assert stdout_path.read_text(encoding="utf-8") == ""
+    assert stderr.endswith(
+        f"simsim: stopped by {number.name}; finished runs are kept in {out}/: "
+        "run the same command again to resume\n"
+    )
+    finished = run_files(out)
+    assert 2 <= len(finished) < 12, "the signal should land midway"
+    for run in finished:
+        json.loads(run.read_text(encoding="utf-8"))  # whole files only
+    assert not (out / "summary.csv").exists()
+
+    # The same command again runs only what is missing, and gives the tables of a sweep
+    # that was never stopped.
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "2")
+    assert code == 0
+    assert stdout.startswith(f"resumed: {len(finished)} finished runs in {out}/ were kept")
+    assert len(run_files(out)) == 12
+    assert_same_tables(out, signalled_reference)
+
+
 def test_stray_partial_files_are_ignored_and_half_written_runs_run_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -408,10 +535,7 @@ def test_extending_the_grid_runs_only_the_new_points(
 
 @pytest.fixture(scope="module")
 def serial_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("serial")
-    path = write(folder, SMALL)
-    assert main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "1"]) == 0
-    return folder / "out"
+    return sweep_to_the_end(tmp_path_factory.mktemp("serial"), SMALL, workers=1)
 
 
 @pytest.mark.parametrize(
@@ -483,6 +607,24 @@ def test_a_refused_folder_is_not_announced_as_resumed(
     code, stdout, _ = cli_run(capsys, "sweep", str(other), "--out", str(out), "--workers", "1")
     assert code == 2
     assert "resum" not in stdout
+
+
+def test_a_run_file_copied_under_another_runs_name_exits_2_naming_it(
+    tmp_path: Path, serial_small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(serial_small, out)
+    first, second = run_files(out)[:2]
+    second.write_bytes(first.read_bytes())  # a run saved under the wrong name
+    (out / "summary.csv").unlink()
+    before = snapshot(out)
+    path = write(tmp_path, SMALL)
+    code, stdout, err = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 2
+    assert stdout == ""
+    assert err.startswith(f"simsim: error: {second}: the run file does not match its name: ")
+    assert err.count("\n") == 1
+    assert snapshot(out) == before  # nothing loaded, nothing written
 
 
 def test_a_run_results_folder_is_not_overwritten_by_a_sweep(
@@ -910,6 +1052,38 @@ def test_sweep_figures_draw_one_shaded_line_per_configuration_against_load(
             assert {"TTFT p50", "TTFT p99", "TPOT p90", "end-to-end latency p99"} <= titles
         else:
             assert "goodput (requests meeting the SLOs / s)" in titles
+
+
+def test_sweep_figures_shade_intervals_only_within_each_metrics_range(tmp_path: Path) -> None:
+    # A summary as a folder written before intervals were clipped may hold it: a TTFT
+    # interval reaching below 0 and an SLO attainment interval reaching above 1.
+    rows = []
+    for point, rate in enumerate((1.0, 2.0)):
+        for metric, mean, low, high in (
+            ("ttft_us_p50", 2_000.0, -3_000.0, 7_000.0),
+            ("throughput_requests_per_s", 1.5, -0.5, 3.5),
+            ("throughput_tokens_per_s", 30.0, 10.0, 50.0),
+            ("goodput_requests_per_s", 1.2, -0.2, 2.6),
+            ("slo_attainment", 0.9, 0.6, 1.2),
+        ):
+            rows.append((point, rate, metric, mean, 1.0, 3, low, high))
+    summary = pd.DataFrame(rows, columns=["point", "workload.rate_per_s", *SUMMARY_COLUMNS])
+    folder = plots.SweepFolder(tmp_path, summary, "workload.rate_per_s", (), 0.95)
+    shaded: dict[str, tuple[float, float]] = {}
+    for draw in (plots.draw_sweep_latency, plots.draw_sweep_throughput):
+        fig = draw(folder)
+        try:
+            for ax in fig.axes:
+                for band in ax.collections:
+                    y = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
+                    shaded[ax.get_title()] = (float(y.min()), float(y.max()))
+        finally:
+            plt.close(fig)
+    assert shaded["TTFT p50"] == (0.0, 7.0)  # in ms
+    assert shaded["finished requests / s"] == (0.0, 3.5)
+    assert shaded["generated tokens / s"] == (10.0, 50.0)
+    assert shaded["goodput (requests meeting the SLOs / s)"] == (0.0, 2.6)
+    assert shaded["SLO attainment (fraction of requests)"] == (0.6, 1.0)
 
 
 def test_plot_on_a_sweep_without_a_grid_axis_exits_2(

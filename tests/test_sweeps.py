@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import functools
 import json
 import math
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -32,9 +38,11 @@ from simsim.results import REQUEST_COLUMNS, percentile_label, requests_frame, su
 from simsim.scenario import ScenarioError, parse_scenario, run_scenario
 from simsim.sweeps import (
     SweepFolderError,
+    SweepStopped,
     aggregate,
     expand_grid,
     mean_interval,
+    metric_range,
     run_seed,
     student_t_quantile,
 )
@@ -507,13 +515,67 @@ def test_summary_columns_and_student_t_intervals_from_the_runs() -> None:
         half = quantile * std / math.sqrt(4)
         assert row["mean"] == pytest.approx(mean, rel=1e-12, abs=1e-12)
         assert row["std"] == pytest.approx(std, rel=1e-9, abs=1e-9)
-        assert row["ci_low"] == pytest.approx(mean - half, rel=1e-9, abs=1e-6)
-        assert row["ci_high"] == pytest.approx(mean + half, rel=1e-9, abs=1e-6)
+        # Clipped to what the metric can take: 0 and up, at most 1 for the attainment.
+        lowest, highest = metric_range(row["metric"])
+        low, high = min(max(mean - half, lowest), highest), max(min(mean + half, highest), lowest)
+        assert row["ci_low"] == pytest.approx(low, rel=1e-9, abs=1e-6)
+        assert row["ci_high"] == pytest.approx(high, rel=1e-9, abs=1e-6)
     ttft = summary.query("metric == 'ttft_us_p90'")
     assert (ttft["std"] > 0).all() and (ttft["ci_low"] < ttft["ci_high"]).all()
     counts = summary.query("metric == 'requests'")
     assert (counts[["mean", "ci_low", "ci_high"]] == 120.0).all().all()
     assert (counts["std"] == 0.0).all()
+
+
+def test_summary_intervals_stay_within_each_metrics_range() -> None:
+    # A wide spread between replications and an SLO that about half the requests meet:
+    # the unclipped t intervals reach below 0 (latencies) and above 1 (attainment).
+    result = simsim.sweep(
+        synthetic_model,
+        {"load": [0.5, 1.0]},
+        cases={"wide": {"spread": 2_000.0}},
+        replications=3,
+        seed=2,
+        ttft_slo_us=1_000,
+        workers=1,
+    )
+    summary = result.summary
+    unclipped = [
+        mean_interval(result.runs.loc[result.runs["point"] == row["point"], row["metric"]])
+        for row in summary.to_dict("records")
+    ]
+    assert any(interval.low < 0 for interval in unclipped)
+    metrics = summary["metric"].tolist()
+    assert any(i.high > 1 for i, m in zip(unclipped, metrics, strict=True) if m == "slo_attainment")
+    assert (summary["ci_low"].dropna() >= 0).all()
+    attainment = summary[summary["metric"] == "slo_attainment"]
+    assert (attainment["ci_high"] <= 1).all()
+    for interval, row in zip(unclipped, summary.to_dict("records"), strict=True):
+        lowest, highest = metric_range(row["metric"])
+        assert row["ci_low"] == min(max(interval.low, lowest), highest)
+        assert row["ci_high"] == max(min(interval.high, highest), lowest)
+        assert row["mean"] == interval.mean
+
+
+def test_point_and_axis_columns_have_the_same_dtypes_in_runs_and_summary(
+    tmp_path: Path,
+) -> None:
+    grid = {"load": [1.0, 2.0], "slots": [1, 2]}  # all numeric: once read as floats
+    result = simsim.sweep(synthetic_model, grid, replications=2, workers=1, out=tmp_path)
+    keys = ["point", *grid]
+    assert result.summary[keys].dtypes.to_dict() == result.runs[keys].dtypes.to_dict()
+    assert result.summary["point"].dtype == np.int64
+    assert result.summary["slots"].dtype == np.int64
+    # The same in the tables written to the folder, as pandas reads them back.
+    runs_csv, summary_csv = (
+        pd.read_csv(tmp_path / "runs.csv"),
+        pd.read_csv(tmp_path / "summary.csv"),
+    )
+    assert summary_csv[keys].dtypes.to_dict() == runs_csv[keys].dtypes.to_dict()
+    assert summary_csv["point"].dtype == np.int64
+    # With cases and without a grid too.
+    cased = simsim.sweep(synthetic_model, cases={"a": {}, "b": {"spread": 5.0}}, replications=2)
+    assert cased.summary["point"].dtype == cased.runs["point"].dtype == np.int64
 
 
 def test_one_replication_gives_nan_intervals() -> None:
@@ -553,8 +615,27 @@ def test_aggregate_leaves_out_nan_values() -> None:
     assert list(summary.columns) == ["point", "metric", "mean", "std", "count", "ci_low", "ci_high"]
     first, second = summary.to_dict("records")
     assert first["count"] == 2 and first["mean"] == 2.0
-    assert first["ci_low"] == pytest.approx(2.0 - student_t_quantile(0.975, 1) * 1.0)
+    assert first["ci_high"] == pytest.approx(2.0 + student_t_quantile(0.975, 1) * 1.0)
+    assert first["ci_low"] == 0.0  # 2.0 - 12.7 clipped: a TTFT is never below 0
     assert second["count"] == 1 and second["mean"] == 7.0 and math.isnan(second["ci_low"])
+
+
+def test_aggregate_clips_known_metrics_and_leaves_a_callers_own_columns_alone() -> None:
+    runs = pd.DataFrame(
+        {
+            "point": [0, 0, 0],
+            "replication": [0, 1, 2],
+            "seed": [1, 2, 3],
+            "ttft_us_p99": [1.0, 2.0, 30.0],
+            "slo_attainment": [0.5, 1.0, 1.0],
+            "profit": [1.0, 2.0, 30.0],
+        }
+    )
+    summary = aggregate(runs, ["point"]).set_index("metric")
+    free = mean_interval([1.0, 2.0, 30.0])
+    assert summary.loc["ttft_us_p99", "ci_low"] == 0.0
+    assert summary.loc["slo_attainment", "ci_high"] == 1.0
+    assert summary.loc["profit", "ci_low"] == free.low < 0
 
 
 def test_runs_that_cannot_measure_a_metric_are_left_out_of_its_count() -> None:
@@ -924,6 +1005,138 @@ def test_an_interrupted_folder_is_completed_and_equals_an_uninterrupted_run(
     )
 
 
+def _rewrite(path: Path, **changes: Any) -> None:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**record, **changes}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("tamper", "disagreement"),
+    [
+        (
+            lambda run, other: _rewrite(run, key=json.loads(other.read_text())["key"]),
+            r"stores key '[0-9a-f]{32}' where its name says '[0-9a-f]{32}'",
+        ),
+        (lambda run, other: _rewrite(run, replication=1), r"replication 1 where"),
+        (lambda run, other: _rewrite(run, replication=True), r"replication True where"),
+        (lambda run, other: _rewrite(run, seed=12345), r"seed 12345 where this sweep's"),
+        # Another run's file under this run's name: its key or replication, and its seed.
+        (lambda run, other: run.write_bytes(other.read_bytes()), r"seed \d+ where"),
+    ],
+    ids=["key", "replication", "replication_true", "seed", "another_runs_file"],
+)
+def test_a_run_file_that_disagrees_with_its_name_is_refused_not_loaded(
+    tmp_path: Path,
+    tamper: Callable[[Path, Path], None],
+    disagreement: str,
+    calls: list[tuple[dict[str, Any], int]],
+) -> None:
+    grid = {"load": [1.0, 2.0]}
+    simsim.sweep(counting_model, grid, replications=2, seed=8, workers=1, out=tmp_path)
+    runs = sorted((tmp_path / "runs").glob("*.json"))
+    zero = [run for run in runs if run.name.endswith("-0.json")]
+    # A run of the other point, and the other replication.
+    key = zero[0].name.split("-")[0]
+    other = next(run for run in runs if not run.name.startswith(key) and run not in zero)
+    tamper(zero[0], other)
+    before = {run.name: run.read_bytes() for run in runs}
+    calls.clear()
+    with pytest.raises(SweepFolderError) as refused:
+        simsim.sweep(counting_model, grid, replications=2, seed=8, workers=1, out=tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{zero[0]}: the run file does not match its name: it stores ")
+    assert re.search(disagreement, message), message
+    assert message.endswith("(delete the file to run that run again)")
+    assert calls == []  # refused before anything ran
+    assert {run.name: run.read_bytes() for run in runs} == before
+
+
+def test_sigterm_stops_a_sweep_in_python_with_sweep_stopped_and_keeps_its_runs(
+    tmp_path: Path,
+) -> None:
+    # In a child interpreter: were the signal not handled, it would end the test run.
+    script = textwrap.dedent(
+        """
+        import json, os, signal, sys
+        import simsim
+        from simsim.results import requests_frame
+        from simsim.sweeps import SweepStopped
+
+        def model(settings, seed):
+            if settings["n"] == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return requests_frame([])
+
+        try:
+            simsim.sweep(model, {"n": [1, 2, 3, 4]}, replications=1, workers=1, out=sys.argv[1])
+        except SweepStopped as error:
+            print(json.dumps({
+                "message": str(error),
+                "signal": error.signal_name,
+                "exit_status": error.exit_status,
+                "is_keyboard_interrupt": isinstance(error, KeyboardInterrupt),
+                "restored": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+            }))
+        """
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=functools.partial(signal.signal, signal.SIGTERM, signal.SIG_DFL),
+    )
+    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert json.loads(child.stdout) == {
+        "message": "stopped by SIGTERM",
+        "signal": "SIGTERM",
+        "exit_status": 143,
+        "is_keyboard_interrupt": True,
+        "restored": True,
+    }
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2  # the runs before the signal
+
+
+#: The signals :func:`signalling_model` sent, as the test's own handler received them.
+RECEIVED: list[int] = []
+
+
+def signalling_model(params: dict[str, Any], seed: int) -> pd.DataFrame:
+    """:func:`synthetic_model`, after sending this process SIGTERM and SIGHUP."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGHUP)
+    return synthetic_model(params, seed)
+
+
+def test_a_programs_own_signal_handlers_and_an_ignored_sighup_are_left_alone() -> None:
+    def record(number: int, frame: object) -> None:
+        RECEIVED.append(number)
+
+    RECEIVED.clear()
+    # A handler of the program's own for SIGTERM, and SIGHUP ignored as under nohup.
+    previous = signal.signal(signal.SIGTERM, record), signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        result = simsim.sweep(signalling_model, {"load": [1.0, 2.0]}, replications=1, workers=1)
+        assert len(result.runs) == 2  # ran to the end: the signals were not the sweep's
+        assert RECEIVED == [signal.SIGTERM, signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is record
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGHUP, previous[1])
+
+
+def test_sweep_stopped_names_its_signal_and_exit_status() -> None:
+    stopped = SweepStopped(signal.SIGHUP)
+    assert isinstance(stopped, KeyboardInterrupt)
+    assert (str(stopped), stopped.signal_name, stopped.exit_status) == (
+        "stopped by SIGHUP",
+        "SIGHUP",
+        129,
+    )
+
+
 def test_progress_counts_runs_done_and_runs_in_all() -> None:
     progress: list[tuple[int, int]] = []
     simsim.sweep(
@@ -1106,6 +1319,32 @@ def test_capacity_search_on_a_model_finds_its_known_threshold() -> None:
     assert met is not None and missed is not None
     assert 4.7 < met < missed < 5.3 and missed - met <= 0.05
     assert_verdicts_follow_the_rule(result)
+
+
+def test_capacity_evaluations_show_intervals_clipped_at_0() -> None:
+    # A per-run offset of sd 2000 us around a mean TTFT of 500-1000 us: two replications
+    # give t intervals far below 0, which a latency cannot reach.
+    result = simsim.capacity_search(
+        synthetic_model,
+        "load",
+        low=0.5,
+        high=1.0,
+        targets={"ttft_us_mean": 50_000},
+        settings={"spread": 2_000.0},
+        replications=2,
+        workers=1,
+        seed=5,
+    )
+    evaluations = result.evaluations
+    assert result.status == "all_meet"
+    assert (evaluations["ttft_us_mean_ci_low"] == 0.0).any()
+    assert (evaluations["ttft_us_mean_ci_low"] >= 0.0).all()
+    runs = result.runs
+    for row in evaluations.to_dict("records"):
+        values = runs.loc[runs["load"] == row["value"], "ttft_us_mean"]
+        free = mean_interval(values)
+        assert row["ttft_us_mean_ci_low"] == max(free.low, 0.0)
+        assert row["ttft_us_mean_ci_high"] == free.high
 
 
 def test_uncertain_verdicts_run_more_replications_up_to_the_maximum() -> None:
@@ -1429,3 +1668,31 @@ def test_percentile_labels_keep_every_digit() -> None:
     assert percentile_label(99.99999) == "p99.99999"
     frame = summarize(finished_requests(np.arange(1, 101, dtype=np.int64)), percentiles=[99.99999])
     assert "ttft_us_p99.99999" in frame.index
+
+
+def test_mean_interval_is_clipped_to_its_bounds() -> None:
+    values = [0.2, 0.9, 1.0]
+    free = mean_interval(values)
+    assert free.low < 0 and free.high > 1  # a symmetric t interval from 3 values
+    clipped = mean_interval(values, bounds=(0.0, 1.0))
+    assert (clipped.low, clipped.high) == (0.0, 1.0)
+    assert (clipped.mean, clipped.std, clipped.count) == (free.mean, free.std, free.count)
+    one_sided = mean_interval([1.0, 2.0, 30.0], bounds=(0.0, math.inf))
+    assert one_sided.low == 0.0 and one_sided.high == mean_interval([1.0, 2.0, 30.0]).high
+    assert math.isnan(mean_interval([5.0], bounds=(0.0, 1.0)).low)  # one value: no interval
+    with pytest.raises(ValueError, match=r"bounds must be \(low, high\) with low <= high"):
+        mean_interval(values, bounds=(1.0, 0.0))
+
+
+def test_every_summarize_metric_has_a_range_and_fractions_end_at_1() -> None:
+    metrics = metric_names(ttft_slo_us=1_000, tpot_slo_us=100.0, percentiles=[50, 99.9])
+    ranges = {metric: metric_range(metric) for metric in metrics}
+    assert ranges.pop("slo_attainment") == (0.0, 1.0)
+    assert set(ranges.values()) == {(0.0, math.inf)}
+    for fraction in ("slot_utilisation", "busy_fraction", "gpu_utilization"):
+        assert metric_range(fraction) == (0.0, 1.0)
+    for count in ("queue_length_mean", "count_FINISHED", "prompt_tokens_mean"):
+        assert metric_range(count) == (0.0, math.inf)
+    # A column of the caller's own, which may be negative, is never clipped.
+    for unknown in ("profit", "status", "slack"):
+        assert metric_range(unknown) == (-math.inf, math.inf)

@@ -9,7 +9,8 @@ process pool by default, or a cluster's (Dask's ``Client(...).get_executor()``).
 from simsim.sweeps.capacity import CapacityResult, capacity_search
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid, run_seed
 from simsim.sweeps.runner import SweepFolderError
-from simsim.sweeps.stats import MeanInterval, mean_interval, student_t_quantile
+from simsim.sweeps.signals import SweepStopped
+from simsim.sweeps.stats import MeanInterval, mean_interval, metric_range, student_t_quantile
 from simsim.sweeps.sweep import SweepResult, aggregate, sweep
 
 __all__ = [
@@ -19,10 +20,12 @@ __all__ = [
     "SweepFolderError",
     "SweepPoint",
     "SweepResult",
+    "SweepStopped",
     "aggregate",
     "capacity_search",
     "expand_grid",
     "mean_interval",
+    "metric_range",
     "run_seed",
     "student_t_quantile",
     "sweep",

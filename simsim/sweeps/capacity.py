@@ -24,7 +24,7 @@ import pandas as pd
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
 from simsim.sweeps.runner import Model, Runner, RunRecord, resolve_source
-from simsim.sweeps.stats import mean_interval
+from simsim.sweeps.stats import mean_interval, metric_range
 from simsim.sweeps.sweep import check_confidence, check_replications, runs_frame
 
 __all__ = ["CapacityResult", "Verdict", "capacity_search"]
@@ -186,7 +186,7 @@ class _Search:
         misses = False
         for metric, limit in self.targets.items():
             values = [self.records[key, r].metrics[metric] for r in range(count)]
-            interval = mean_interval(values, self.confidence)
+            interval = mean_interval(values, self.confidence, bounds=metric_range(metric))
             row[f"{metric}_mean"] = interval.mean
             row[f"{metric}_ci_low"] = interval.low
             row[f"{metric}_ci_high"] = interval.high

@@ -24,6 +24,7 @@ import pandas as pd
 from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
+from simsim.sweeps.signals import StopOnSignals
 from simsim.workloads import check_seed
 
 __all__ = [
@@ -49,6 +50,8 @@ MANIFEST = "sweep.json"
 RUNS_FOLDER = "runs"
 _FORMAT = "simsim-sweep"
 _RESERVED_KEYS = ("scenario.seed",)
+_TERMINATE_WAIT_S = 5.0
+"""How long a terminated worker may take to exit before it is killed."""
 
 
 def metric_names(
@@ -213,23 +216,51 @@ class _Store:
         return self.runs / f"{point.key}-{replication}.json"
 
     def load(
-        self, point: SweepPoint, replication: int, metrics: Sequence[str]
+        self, point: SweepPoint, replication: int, seed: int, metrics: Sequence[str]
     ) -> Mapping[str, float] | None:
-        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet."""
+        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet.
+
+        The file must say it is this run: its stored key and replication must be those
+        of its name, and its seed the one this sweep derives for the run. A file that
+        disagrees (copied or renamed from another run or another folder) is refused,
+        not loaded under the wrong name.
+        """
         path = self.path(point, replication)
         if not path.exists():
             return None
         try:
-            stored = json.loads(path.read_text(encoding="utf-8"))["metrics"]
-            return {name: float(stored[name]) for name in metrics}
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            disagreements = [
+                f"{field} {stored.get(field)!r} where {expected_from} {expected!r}"
+                for field, expected, expected_from in (
+                    ("key", point.key, "its name says"),
+                    ("replication", replication, "its name says"),
+                    ("seed", seed, "this sweep's seed for the run is"),
+                )
+                if not _same_json_value(stored.get(field), expected)
+            ]
+            values = stored["metrics"]
+            loaded = {name: float(values[name]) for name in metrics}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise SweepFolderError(
                 f"{path}: not a finished run of this sweep ({type(error).__name__}: {error}); "
                 "delete the file to run it again"
             ) from None
+        if disagreements:
+            raise SweepFolderError(
+                f"{path}: the run file does not match its name: it stores "
+                f"{'; '.join(disagreements)}; a run file must keep the name the sweep gave "
+                "it (delete the file to run that run again)"
+            )
+        return loaded
 
     def save(self, record: RunRecord) -> None:
         write_json(self.path(record.point, record.replication), record.to_json())
+
+
+def _same_json_value(stored: object, expected: str | int) -> bool:
+    """Whether a value read from JSON is *expected* (``true`` is not the integer 1)."""
+    return type(stored) is type(expected) and stored == expected
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -276,7 +307,8 @@ class Runner:
         self.ttft_slo_us = ttft_slo_us
         self.tpot_slo_us = tpot_slo_us
         self._executor = executor
-        self._owned: concurrent.futures.Executor | None = None
+        self._owned: concurrent.futures.ProcessPoolExecutor | None = None
+        self._signals = StopOnSignals()
         self._workers = workers if workers is not None else (os.cpu_count() or 1)
         self._progress = progress
         self.metrics = metric_names(
@@ -334,7 +366,9 @@ class Runner:
         for point, replication in pairs:
             seed = run_seed(self.seed, point.key, replication)
             stored = (
-                None if self._store is None else self._store.load(point, replication, self.metrics)
+                None
+                if self._store is None
+                else self._store.load(point, replication, seed, self.metrics)
             )
             if stored is not None:
                 results[point.key, replication] = RunRecord(point, replication, seed, stored)
@@ -390,17 +424,52 @@ class Runner:
             self._owned = concurrent.futures.ProcessPoolExecutor(max_workers=self._workers)
         return self._owned
 
-    def close(self) -> None:
-        """Shut down the process pool the runner started, if any."""
-        if self._owned is not None:
-            self._owned.shutdown(wait=True, cancel_futures=True)
+    def close(self, *, stop_workers: bool = False) -> None:
+        """Shut down the process pool the runner started, if any.
+
+        Normally the runs in flight finish first (their results are dropped). With
+        *stop_workers* (the sweep was interrupted) the worker processes are terminated
+        instead; so they are too when an interrupt arrives while waiting for them.
+        """
+        pool = self._owned
+        if pool is None:
+            return
+        try:
+            if stop_workers:
+                _terminate_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            _terminate_workers(pool)
+            raise
+        finally:
             self._owned = None
 
     def __enter__(self) -> Runner:
+        self._signals.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        try:
+            # Ctrl-C, SIGTERM or SIGHUP (SweepStopped): the workers must not outlive us.
+            self.close(stop_workers=isinstance(exc_info[1], KeyboardInterrupt))
+        finally:
+            self._signals.__exit__()
+
+
+def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Cancel *pool*'s pending runs and end its worker processes now, not after their run."""
+    # Python 3.14 has ProcessPoolExecutor.terminate_workers(); before, the processes are
+    # only reachable through the pool's private table, as that method itself does.
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    for worker in workers:
+        worker.join(timeout=_TERMINATE_WAIT_S)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 @contextlib.contextmanager

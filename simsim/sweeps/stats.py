@@ -5,6 +5,10 @@ the t distribution's CDF comes from the regularized incomplete beta function (a
 continued fraction evaluated with the modified Lentz method), and the quantile is found
 by bisection on that CDF (relative error below 1e-9 against SciPy up to 1e5 degrees of
 freedom).
+
+A t interval is symmetric about the mean, so with few replications of a metric near the
+edge of its range (an SLO attainment near 1, a latency near 0) it reaches values the
+metric cannot take. Intervals are clipped to the metric's range (:func:`metric_range`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,22 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["MeanInterval", "mean_interval", "student_t_cdf", "student_t_quantile"]
+__all__ = [
+    "MeanInterval",
+    "mean_interval",
+    "metric_range",
+    "student_t_cdf",
+    "student_t_quantile",
+]
 
 _TINY = 1e-300
 _EPSILON = 1e-15
+# Words of a metric's name (split at "_") that say what it can be: a fraction is in
+# [0, 1]; a count, a duration in microseconds, a rate or a length is at least 0.
+_FRACTION_WORDS = frozenset({"attainment", "fraction", "utilisation", "utilization"})
+_NON_NEGATIVE_WORDS = frozenset(
+    {"count", "requests", "tokens", "us", "throughput", "goodput", "length", "busy"}
+)
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
@@ -101,7 +117,8 @@ class MeanInterval:
     """The mean of some replications and its two-sided Student-t confidence interval.
 
     ``count`` is the number of finite values used; with fewer than two the interval
-    (and ``std``) is NaN.
+    (and ``std``) is NaN. ``low`` and ``high`` lie within the bounds the interval was
+    computed with (see :func:`mean_interval`).
     """
 
     mean: float
@@ -111,13 +128,43 @@ class MeanInterval:
     high: float
 
 
-def mean_interval(values: Iterable[float], confidence: float = 0.95) -> MeanInterval:
+def metric_range(metric: str) -> tuple[float, float]:
+    """The lowest and highest value a :func:`simsim.summarize` metric can take, by its name.
+
+    The name's words (split at ``_``) tell. A fraction, with a word ``attainment``,
+    ``fraction``, ``utilisation`` or ``utilization`` (``slo_attainment``), is in [0, 1].
+    A count, a duration, a rate or a length, with a word ``count``, ``requests``,
+    ``tokens``, ``us`` (microseconds: ``ttft_us_p99``, ``makespan_us``), ``throughput``,
+    ``goodput``, ``length`` or ``busy``, is at least 0 with no upper limit. Every metric
+    ``summarize`` reports is one of these. A name with none of these words (a column of
+    the caller's own) gets no limits, so its interval is never clipped.
+    """
+    words = set(metric.lower().split("_"))
+    if words & _FRACTION_WORDS:
+        return (0.0, 1.0)
+    if words & _NON_NEGATIVE_WORDS:
+        return (0.0, math.inf)
+    return (-math.inf, math.inf)
+
+
+def mean_interval(
+    values: Iterable[float],
+    confidence: float = 0.95,
+    *,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> MeanInterval:
     """Mean, sample standard deviation and *confidence* interval of the finite *values*.
 
-    NaN values (a metric a run could not measure) are left out and not counted.
+    NaN values (a metric a run could not measure) are left out and not counted. The
+    interval is clipped to *bounds*, the values the quantity can take (see
+    :func:`metric_range`): a fraction's interval never reaches above 1, a latency's never
+    below 0.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    lowest, highest = bounds
+    if not lowest <= highest:
+        raise ValueError(f"bounds must be (low, high) with low <= high, got {bounds!r}")
     finite = [float(v) for v in values if math.isfinite(float(v))]
     count = len(finite)
     if count == 0:
@@ -128,4 +175,6 @@ def mean_interval(values: Iterable[float], confidence: float = 0.95) -> MeanInte
     variance = math.fsum((v - mean) ** 2 for v in finite) / (count - 1)
     std = math.sqrt(variance)
     half = student_t_quantile(0.5 + confidence / 2.0, count - 1) * std / math.sqrt(count)
-    return MeanInterval(mean, std, count, mean - half, mean + half)
+    low = min(max(mean - half, lowest), highest)
+    high = max(min(mean + half, highest), lowest)
+    return MeanInterval(mean, std, count, low, high)

@@ -23,7 +23,7 @@ from simsim.sweeps.runner import (
     resolve_source,
     write_json,
 )
-from simsim.sweeps.stats import mean_interval
+from simsim.sweeps.stats import mean_interval, metric_range
 
 __all__ = ["SUMMARY_COLUMNS", "SweepResult", "aggregate", "runs_frame", "sweep"]
 
@@ -45,7 +45,9 @@ class SweepResult:
     ``case`` (when cases were given), one column per grid axis, ``replication``,
     ``seed``, then every metric of :func:`simsim.summarize`. ``summary`` has one row per
     (point, metric): the point's columns, then ``metric, mean, std, count, ci_low,
-    ci_high`` (a two-sided Student-t interval at ``confidence`` over the replications).
+    ci_high`` (a two-sided Student-t interval at ``confidence`` over the replications,
+    clipped to the metric's range). ``point`` is ``int64`` in both tables, and every axis
+    has the same dtype in both.
     ``load`` names the axis that plots put on the x axis. ``reused`` counts the runs
     loaded from the results folder instead of being run.
     """
@@ -92,7 +94,11 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
     """One row per (group of *by*, metric): mean, std, count and the CI of the metric.
 
     Metrics are every column of *runs* that is neither in *by* nor ``replication`` or
-    ``seed``. NaN values (a run that could not measure the metric) are left out.
+    ``seed``. NaN values (a run that could not measure the metric) are left out. Each
+    interval is clipped to its metric's range (:func:`~simsim.sweeps.stats.metric_range`):
+    fractions to [0, 1], counts, durations and rates to 0 and above, a column the names
+    of summarize's metrics do not describe not at all. The *by* columns keep their
+    dtypes from *runs* (``point`` stays ``int64``).
     """
     metrics = [c for c in runs.columns if c not in (*by, "replication", "seed")]
     # Group on a text form of the keys: a grid value may be a list or a table.
@@ -101,10 +107,12 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
     ]
     rows = []
     for _, group in runs.groupby(pd.Series(labels, index=runs.index), sort=False):
-        first = group.iloc[0]
-        key_values = [first[column] for column in by]
+        # Column by column: a row of ints and floats would come back all floats.
+        key_values = [group[column].iloc[0] for column in by]
         for metric in metrics:
-            interval = mean_interval(group[metric].astype("float64"), confidence)
+            interval = mean_interval(
+                group[metric].astype("float64"), confidence, bounds=metric_range(metric)
+            )
             rows.append(
                 (
                     *key_values,
@@ -116,7 +124,8 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str], confidence: float = 0.95) -
                     interval.high,
                 )
             )
-    return pd.DataFrame(rows, columns=[*by, *SUMMARY_COLUMNS])
+    summary = pd.DataFrame(rows, columns=[*by, *SUMMARY_COLUMNS])
+    return summary.astype({column: runs[column].dtype for column in by})
 
 
 def default_load_axis(axes: Sequence[str]) -> str | None:
