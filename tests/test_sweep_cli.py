@@ -1200,3 +1200,22 @@ def test_without_dask_the_core_works_and_dask_asks_for_the_extra(
     assert status == 2
     assert "pip install 'simsim[dask]'" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["base", "scenario file"])
+def test_a_sweep_whose_scenario_has_no_backend_is_refused_like_simsim_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    workload = "[workload]\ncount = 5\nrate_per_s = 4.0\nprompt_tokens = 8\noutput_tokens = 2\n"
+    if where == "base":
+        text = "[sweep]\nreplications = 1\n[base." + workload[1:]
+    else:
+        write(tmp_path, workload, "scenario.toml")
+        text = '[sweep]\nreplications = 1\nscenario = "scenario.toml"\n'
+    text += '[grid]\n"workload.rate_per_s" = [2.0]\n'
+    path = write(tmp_path, text)
+    code, _, err = cli_run(capsys, "sweep", str(path), "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert "backend: missing table" in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "out" / "runs").exists()

@@ -78,6 +78,8 @@ class ScenarioSource:
     base_dir: str
     source: str
     model: Model | None = None
+    #: A scenario read from a file must have a [backend] table, as for `simsim run`.
+    from_file: bool = False
 
     def identity(self) -> Any:
         """What a results folder's fingerprint records of this source."""
@@ -100,7 +102,10 @@ class ScenarioSource:
         except ValueError as error:
             raise ScenarioError(self.source, point.label(), str(error)) from None
         parse_scenario(
-            document, source=f"{self.source} [{point.label()}]", base_dir=Path(self.base_dir)
+            document,
+            source=f"{self.source} [{point.label()}]",
+            base_dir=Path(self.base_dir),
+            require_backend=self.from_file,
         )
 
 
@@ -113,7 +118,9 @@ def resolve_source(scenario: str | os.PathLike[str] | Mapping[str, Any] | Model)
     """
     if isinstance(scenario, str | os.PathLike):
         path = Path(scenario)
-        return ScenarioSource(read_toml(path), str(path.parent.resolve()), str(path))
+        return ScenarioSource(
+            read_toml(path), str(path.parent.resolve()), str(path), from_file=True
+        )
     if isinstance(scenario, Mapping):
         return ScenarioSource(dict(scenario), str(Path.cwd()), "<sweep scenario>")
     if callable(scenario):

@@ -120,7 +120,9 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
             raise check.fail("sweep.scenario", str(error)) from None
     else:
         base = check.table(data, "base", "base")
-        scenario_source = ScenarioSource(base, str(path.parent.resolve()), f"{source} [base]")
+        scenario_source = ScenarioSource(
+            base, str(path.parent.resolve()), f"{source} [base]", from_file=True
+        )
 
     replications = _positive(check, head, "replications", 3)
     seed = check.integer(head, "seed", "sweep", default=0)
