@@ -40,8 +40,9 @@ from simsim.scenario import (
 )
 from simsim.sweeps.runner import MANIFEST, SweepFolderError
 from simsim.sweeps.signals import SweepStopped
-from simsim.sweeps.spec import load_sweep, run_sweep
+from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import SweepResult
+from simsim.sweeps.sweep_file import run_sweep
 
 __all__ = ["main"]
 

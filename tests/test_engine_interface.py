@@ -36,7 +36,7 @@ class Complete(AdmitsNothing):
 
 def test_a_server_missing_a_hook_fails_at_construction_naming_it() -> None:
     backend = simsim.SimulatedBackend(EASY_CONFIG)
-    with pytest.raises(TypeError, match="_cancel_active.*max_active_requests"):
+    with pytest.raises(TypeError, match=r"_cancel_active.*max_active_requests"):
         AdmitsNothing(backend, None, None)  # type: ignore[abstract]
     assert Complete(backend, None, None).has_pending_events is False
 

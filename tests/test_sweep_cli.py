@@ -38,8 +38,9 @@ import pytest
 from simsim import cli, plots
 from simsim.cli import main
 from simsim.sweeps.grid import expand_grid
-from simsim.sweeps.spec import load_sweep, run_sweep
+from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import SUMMARY_COLUMNS
+from simsim.sweeps.sweep_file import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "sweeps"

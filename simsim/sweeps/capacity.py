@@ -17,13 +17,14 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
-from simsim.sweeps.runner import Model, Runner, RunRecord, resolve_source
+from simsim.sweeps.runner import Model, Runner, RunRecord, ScenarioSource, resolve_source
 from simsim.sweeps.stats import mean_interval, metric_range
 from simsim.sweeps.sweep import check_confidence, check_replications, runs_frame
 
@@ -275,7 +276,76 @@ def capacity_search(
     confidence = check_confidence(confidence)
     tolerance = check_tolerance(tolerance, low, high, integer)
     checked_targets, percentiles = target_metrics(targets)
-    source = resolve_source(scenario)
+    bounds = SearchBounds(parameter, low, high, integer, tolerance, find)
+    searches = run_searches(
+        resolve_source(scenario),
+        bounds,
+        [Case("settings", dict(settings)) if settings else None],
+        targets=checked_targets,
+        replications=replications,
+        max_replications=max_replications,
+        confidence=confidence,
+        seed=seed,
+        executor=executor,
+        workers=workers,
+        ttft_slo_us=ttft_slo_us,
+        tpot_slo_us=tpot_slo_us,
+        percentiles=percentiles,
+        out=out,
+        progress=progress,
+    )
+    return searches.results[0]
+
+
+@dataclass(frozen=True)
+class SearchBounds:
+    """What one bisection searches: a parameter, its range and its stopping width."""
+
+    parameter: str
+    low: Number
+    high: Number
+    integer: bool
+    tolerance: Number
+    find: Literal["max", "min"]
+
+
+@dataclass(frozen=True)
+class Searches:
+    """The outcome of :func:`run_searches`: one result per configuration, every run."""
+
+    results: list[CapacityResult]
+    #: Every run, in probing order, the probed values numbered as points across searches.
+    records: list[RunRecord]
+    folder: Path | None
+    reused: int
+
+
+def run_searches(
+    source: ScenarioSource,
+    bounds: SearchBounds,
+    configurations: Sequence[Case | None],
+    *,
+    targets: Mapping[str, float],
+    replications: int,
+    max_replications: int,
+    confidence: float,
+    seed: int,
+    executor: concurrent.futures.Executor | None,
+    workers: int | None,
+    ttft_slo_us: int | None,
+    tpot_slo_us: float | None,
+    percentiles: Sequence[float],
+    out: str | os.PathLike[str] | None,
+    progress: Callable[[int, int], None] | None,
+) -> Searches:
+    """One capacity search per configuration, on one :class:`Runner` (and folder).
+
+    The one implementation behind :func:`capacity_search` (one configuration: its
+    *settings*, or none) and a sweep file's ``[capacity]`` table (one per case and grid
+    point). Arguments are already checked.
+    """
+    results: list[CapacityResult] = []
+    records: list[RunRecord] = []
     with Runner(
         source,
         seed=seed,
@@ -287,22 +357,55 @@ def capacity_search(
         out=out,
         progress=progress,
     ) as runner:
-        result, _ = search(
-            runner,
-            parameter,
-            case=Case("settings", dict(settings)) if settings else None,
-            low=low,
-            high=high,
-            integer=integer,
-            tolerance=tolerance,
-            find=find,
-            targets=checked_targets,
-            replications=replications,
-            max_replications=max_replications,
-            confidence=confidence,
-        )
+        for configuration in configurations:
+            found, runs = search(
+                runner,
+                bounds.parameter,
+                case=configuration,
+                low=bounds.low,
+                high=bounds.high,
+                integer=bounds.integer,
+                tolerance=bounds.tolerance,
+                find=bounds.find,
+                targets=targets,
+                replications=replications,
+                max_replications=max_replications,
+                confidence=confidence,
+            )
+            results.append(found)
+            # Number the points across searches so each probed value has its own.
+            offset = len(points_of(records))
+            records.extend(
+                replace(r, point=replace(r.point, index=r.point.index + offset)) for r in runs
+            )
         runner.finish()
-    return result
+    return Searches(results, records, runner.folder, runner.loaded)
+
+
+def points_of(records: Sequence[RunRecord]) -> list[SweepPoint]:
+    """The distinct points of *records*, in first-seen order."""
+    return list({r.point.key: r.point for r in records}.values())
+
+
+def capacity_frame(results: Sequence[CapacityResult], labels: Sequence[str]) -> pd.DataFrame:
+    """One row per configuration: what each capacity search found."""
+    rows = []
+    for label, result in zip(labels, results, strict=True):
+        low, high = result.interval
+        rows.append(
+            {
+                "configuration": label,
+                "parameter": result.parameter,
+                "find": result.find,
+                "status": result.status,
+                "value": result.value,
+                "interval_low": low,
+                "interval_high": high,
+                "probes": len(result.evaluations),
+                "runs": len(result.runs),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def check_tolerance(tolerance: object, low: Number, high: Number, integer: bool) -> Number:

@@ -109,13 +109,18 @@ class ScenarioSource:
         )
 
 
-def resolve_source(scenario: str | os.PathLike[str] | Mapping[str, Any] | Model) -> ScenarioSource:
+def resolve_source(
+    scenario: str | os.PathLike[str] | Mapping[str, Any] | Model | ScenarioSource,
+) -> ScenarioSource:
     """Turn :func:`simsim.sweep`'s ``scenario`` argument into a :class:`ScenarioSource`.
 
     A path is read as a TOML scenario file (relative paths inside it are relative to
     the file); a mapping is a scenario document as ``tomllib`` would return it
-    (relative paths are relative to the current directory); a callable is a model.
+    (relative paths are relative to the current directory); a callable is a model; a
+    :class:`ScenarioSource` (what a sweep file's scenario resolves to) is kept.
     """
+    if isinstance(scenario, ScenarioSource):
+        return scenario
     if isinstance(scenario, str | os.PathLike):
         path = Path(scenario)
         return ScenarioSource(

@@ -6,28 +6,22 @@ The format is documented in ``docs/sweeps.md``. Every error is a
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES
 from simsim.scenario import ScenarioError, TomlChecker, read_toml
 from simsim.sweeps.capacity import (
-    CapacityResult,
     check_tolerance,
-    search,
     target_metrics,
 )
-from simsim.sweeps.grid import Case, SweepPoint, expand_grid
-from simsim.sweeps.runner import Runner, RunRecord, ScenarioSource, resolve_source
-from simsim.sweeps.sweep import SweepResult, make_result, run_grid, write_tables
+from simsim.sweeps.grid import Case, expand_grid
+from simsim.sweeps.runner import ScenarioSource, resolve_source
 
-__all__ = ["CapacitySpec", "SweepSpec", "capacity_frame", "load_sweep", "run_sweep"]
+__all__ = ["CapacitySpec", "SweepSpec", "load_sweep"]
 
 _TOP_KEYS = ("sweep", "base", "grid", "cases", "capacity")
 _SWEEP_KEYS = (
@@ -251,117 +245,3 @@ def _capacity(
     except ValueError as error:
         raise check.fail("capacity.targets", str(error)) from None
     return CapacitySpec(parameter, low, high, integer, find, tolerance, max_replications, checked)
-
-
-def run_sweep(
-    spec: SweepSpec,
-    *,
-    out: str | os.PathLike[str],
-    executor: concurrent.futures.Executor | None = None,
-    workers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[SweepResult, pd.DataFrame | None]:
-    """Run a sweep file into the folder *out*: its grid, or its capacity searches.
-
-    Returns the sweep's tables and, for a ``[capacity]`` file, one row per configuration
-    (also written to ``capacity.csv``). A capacity search's runs are the sweep's runs,
-    with the configuration as ``case`` and the probed values on the searched axis.
-    """
-    if spec.capacity is None:
-        result = run_grid(
-            spec.source,
-            spec.grid,
-            cases=spec.cases,
-            replications=spec.replications,
-            seed=spec.seed,
-            executor=executor,
-            workers=workers,
-            confidence=spec.confidence,
-            ttft_slo_us=spec.ttft_slo_us,
-            tpot_slo_us=spec.tpot_slo_us,
-            percentiles=spec.percentiles,
-            load=spec.load,
-            out=out,
-            progress=progress,
-        )
-        return result, None
-    capacity = spec.capacity
-    searches: list[CapacityResult] = []
-    records: list[RunRecord] = []
-    configurations = [Case(p.label(), p.settings) for p in expand_grid(spec.grid, spec.cases)]
-    with Runner(
-        spec.source,
-        seed=spec.seed,
-        executor=executor,
-        workers=workers,
-        ttft_slo_us=spec.ttft_slo_us,
-        tpot_slo_us=spec.tpot_slo_us,
-        percentiles=spec.percentiles,
-        out=out,
-        progress=progress,
-    ) as runner:
-        for configuration in configurations:
-            found, runs = search(
-                runner,
-                capacity.parameter,
-                case=configuration,
-                low=capacity.low,
-                high=capacity.high,
-                integer=capacity.integer,
-                tolerance=capacity.tolerance,
-                find=capacity.find,
-                targets=capacity.targets,
-                replications=spec.replications,
-                max_replications=capacity.max_replications,
-                confidence=spec.confidence,
-            )
-            searches.append(found)
-            # Number the points across searches so each probed value has its own.
-            offset = len(points_of(records))
-            records.extend(
-                replace(r, point=replace(r.point, index=r.point.index + offset)) for r in runs
-            )
-        runner.finish()
-        folder = runner.folder
-        reused = runner.loaded
-    points = points_of(records)
-    result = make_result(
-        records,
-        points,
-        (capacity.parameter,),
-        spec.confidence,
-        spec.replications,
-        spec.seed,
-        reused=reused,
-    )
-    table = capacity_frame(searches, [c.name for c in configurations])
-    if folder is not None:
-        write_tables(result, folder)
-        table.to_csv(folder / "capacity.csv", index=False)
-    return result, table
-
-
-def points_of(records: list[RunRecord]) -> list[SweepPoint]:
-    """The distinct points of *records*, in first-seen order."""
-    return list({r.point.key: r.point for r in records}.values())
-
-
-def capacity_frame(results: list[CapacityResult], labels: list[str]) -> pd.DataFrame:
-    """One row per configuration: what each capacity search found."""
-    rows = []
-    for label, result in zip(labels, results, strict=True):
-        low, high = result.interval
-        rows.append(
-            {
-                "configuration": label,
-                "parameter": result.parameter,
-                "find": result.find,
-                "status": result.status,
-                "value": result.value,
-                "interval_low": low,
-                "interval_high": high,
-                "probes": len(result.evaluations),
-                "runs": len(result.runs),
-            }
-        )
-    return pd.DataFrame(rows)

@@ -173,7 +173,7 @@ def check_confidence(confidence: object) -> float:
 
 
 def sweep(
-    scenario: str | os.PathLike[str] | Mapping[str, Any] | Model,
+    scenario: str | os.PathLike[str] | Mapping[str, Any] | Model | ScenarioSource,
     grid: Mapping[str, Sequence[Any]] | None = None,
     *,
     cases: Sequence[Case] | Mapping[str, Mapping[str, Any]] | None = None,
@@ -192,7 +192,8 @@ def sweep(
     """Run every point of *grid* (crossed with *cases*) *replications* times.
 
     *scenario* is a TOML scenario file, a scenario document (the dict ``tomllib``
-    reads), or a model ``callable(settings, seed) -> requests_frame``. *grid* maps dotted
+    reads), or a model ``callable(settings, seed) -> requests_frame`` (``simsim sweep``
+    passes the scenario its sweep file names). *grid* maps dotted
     scenario keys (``"workload.rate_per_s"``, ``"batching.max_active_requests"``,
     ``"backend.decode_base_us"``: anything a scenario file can set) to lists of values;
     *cases* are named sets of settings applied before the grid's (e.g. one per engine).
@@ -211,45 +212,10 @@ def sweep(
     *tpot_slo_us* and *percentiles* are passed to :func:`simsim.summarize` for every
     run. *progress* is called with (runs done, runs in all).
     """
-    return run_grid(
-        resolve_source(scenario),
-        grid,
-        cases=normalize_cases(cases),
-        replications=replications,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        confidence=confidence,
-        ttft_slo_us=ttft_slo_us,
-        tpot_slo_us=tpot_slo_us,
-        percentiles=percentiles,
-        load=load,
-        out=out,
-        progress=progress,
-    )
-
-
-def run_grid(
-    source: ScenarioSource,
-    grid: Mapping[str, Sequence[Any]] | None,
-    *,
-    cases: Sequence[Case] | None,
-    replications: int,
-    seed: int,
-    executor: concurrent.futures.Executor | None,
-    workers: int | None,
-    confidence: float,
-    ttft_slo_us: int | None,
-    tpot_slo_us: float | None,
-    percentiles: Sequence[float],
-    load: str | None,
-    out: str | os.PathLike[str] | None,
-    progress: Callable[[int, int], None] | None,
-) -> SweepResult:
-    """:func:`sweep` for an already resolved source (also used by sweep files)."""
+    source = resolve_source(scenario)
     replications = check_replications(replications)
     confidence = check_confidence(confidence)
-    points = expand_grid(grid, cases)
+    points = expand_grid(grid, normalize_cases(cases))
     axes = tuple(points[0].params) if points else ()
     if load is not None and load not in axes:
         raise ValueError(f"load must be one of the grid's axes {list(axes)}, got {load!r}")
