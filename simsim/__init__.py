@@ -5,6 +5,7 @@ analytical cost model, never measured hardware performance.
 """
 
 from simsim import sweeps, traces, workloads
+from simsim._version import __version__
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
 from simsim.engines import (
@@ -32,8 +33,6 @@ from simsim.scheduler import (
     SchedulerStats,
 )
 from simsim.sweeps import CapacityResult, SweepResult, capacity_search, sweep
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdmissionDecision",

@@ -30,6 +30,7 @@ from simsim import __version__
 from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
+from simsim.run_folder import FORMATS, write_run_folder
 from simsim.scenario import (
     Scenario,
     ScenarioError,
@@ -38,11 +39,11 @@ from simsim.scenario import (
     load_scenario,
     run_scenario,
 )
-from simsim.sweeps.runner import MANIFEST, SweepFolderError
+from simsim.sweeps.runner import SweepFolderError
 from simsim.sweeps.signals import SweepStopped
 from simsim.sweeps.spec import load_sweep
-from simsim.sweeps.sweep import SweepResult
-from simsim.sweeps.sweep_file import run_sweep
+from simsim.sweeps.sweep import RUNS_FILE, SUMMARY_FILE, SweepResult, is_sweep_folder
+from simsim.sweeps.sweep_file import CAPACITY_FILE, run_sweep
 
 __all__ = ["main"]
 
@@ -93,7 +94,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out", default="simsim-results", help="results folder (default: %(default)s)"
     )
-    run.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format")
+    run.add_argument("--format", choices=FORMATS, default="csv", help="file format")
     run.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
 
     validate = commands.add_parser("validate", help="check a scenario file without running it")
@@ -215,16 +216,14 @@ def _run(args: argparse.Namespace) -> int:
         frames["iterations"] = engine.iterations_frame()
     summary = summarize(frames["requests"], slots=engine.max_active_requests)
     frames["summary"] = summary.reset_index()
-    for name, frame in frames.items():
-        path = out / f"{name}.{args.format}"
-        try:
-            if args.format == "csv":
-                frame.to_csv(path, index=False)
-            else:
-                frame.to_parquet(path, index=False)
-        except OSError as error:
-            reason = error.strerror or str(error)
-            raise ScenarioError("--out", "", f"cannot write {path} ({reason})") from None
+    try:
+        write_run_folder(
+            out, frames, format=args.format, scenario=scenario.name, seed=scenario.seed
+        )
+    except OSError as error:
+        reason = error.strerror or str(error)
+        where = error.filename or out
+        raise ScenarioError("--out", "", f"cannot write {where} ({reason})") from None
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     print(_summary_table(summary, frames["requests"]))
     print(
@@ -363,7 +362,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if result.reused:
         print(f"resumed: {result.reused} finished runs in {out}/ were kept, not run again")
     print(_sweep_report(result, capacity))
-    tables = "runs.csv, summary.csv" + (", capacity.csv" if capacity is not None else "")
+    tables = f"{RUNS_FILE}, {SUMMARY_FILE}" + (f", {CAPACITY_FILE}" if capacity is not None else "")
     print(f"results in {out}/: {tables}")
     print("All times are simulated from the cost model, not measured on hardware.")
     return 0
@@ -452,7 +451,7 @@ def _plot(args: argparse.Namespace) -> int:
         return 2
     try:
         results, target = Path(args.results), _output_folder(args.out) if args.out else None
-        if (results / MANIFEST).exists():
+        if is_sweep_folder(results):
             written = plots.plot_sweep(results, target)
         else:
             written = plots.plot_results(results, target)

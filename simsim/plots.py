@@ -1,6 +1,8 @@
 """PNG figures drawn from a results folder written by ``simsim run`` or ``simsim sweep``.
 
-:func:`plot_results` reads the tables of a results folder (CSV or parquet) and writes:
+:func:`plot_results` reads the tables of a results folder through
+:func:`simsim.run_folder.read_run_folder` (which knows the folder's format and dtypes)
+and writes:
 
 - ``latency_cdf.png``: empirical CDFs of TTFT and end-to-end latency, in milliseconds;
 - ``timeline.png``: queue length and slot occupancy over simulated time, rebuilt from
@@ -19,7 +21,7 @@ Importing this module imports matplotlib (and selects its non-interactive ``Agg`
 backend), so ``from simsim import plots`` raises ``ImportError`` when matplotlib is not
 installed (``pip install 'simsim[plot]'``).
 
-To add a figure, write a function ``(ResultsFolder) -> Figure | None`` (``None`` skips
+To add a figure, write a function ``(RunFolder) -> Figure | None`` (``None`` skips
 it, e.g. when an optional table such as ``iterations`` is absent) and append a
 :class:`FigureSpec` to :data:`FIGURES`.
 """
@@ -27,11 +29,10 @@ it, e.g. when an optional table such as ``iterations`` is absent) and append a
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import matplotlib
 
@@ -47,10 +48,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import REQUEST_COLUMNS, requests_frame
-from simsim.sweeps.runner import MANIFEST
+from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
-from simsim.sweeps.sweep import SUMMARY_FILE
+from simsim.sweeps.sweep import read_sweep_folder
 
 __all__ = [
     "FIGURES",
@@ -58,7 +58,6 @@ __all__ = [
     "ITERATIONS_BIN_AFTER",
     "ITERATION_WINDOWS",
     "FigureSpec",
-    "ResultsFolder",
     "SweepFolder",
     "draw_gantt",
     "draw_iterations",
@@ -69,7 +68,6 @@ __all__ = [
     "occupancy_series",
     "plot_results",
     "plot_sweep",
-    "read_requests",
 ]
 
 GANTT_MAX_REQUESTS: Final = 60
@@ -89,7 +87,6 @@ ITERATION_WINDOWS: Final = 150
 
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
 
-Format = Literal["csv", "parquet"]
 
 _WAIT_COLOR: Final = "#bdbdbd"
 _PREFILL_COLOR: Final = "#ff7f0e"
@@ -99,100 +96,6 @@ _DPI: Final = 120
 
 
 # ---------------------------------------------------------------------- reading
-
-
-class ResultsFolder:
-    """The tables of one results folder, read on demand in the folder's format.
-
-    The format is the one of ``requests.parquet`` or ``requests.csv``, whichever
-    exists; if both do, the more recently written one wins (parquet on a tie). Every
-    other table is read in that same format. Tables are cached once read.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        if not self.folder.is_dir():
-            raise FileNotFoundError(
-                f"results folder {self.folder} does not exist or is not a folder "
-                "(write one with 'simsim run --out DIR')"
-            )
-        self.format: Format = _detect_format(self.folder)
-        self._tables: dict[str, pd.DataFrame] = {}
-
-    def path(self, name: str) -> Path:
-        """Where table *name* lives in this folder (it may not exist)."""
-        return self.folder / f"{name}.{self.format}"
-
-    def has(self, name: str) -> bool:
-        """Whether table *name* exists in this folder's format."""
-        return self.path(name).is_file()
-
-    def table(self, name: str) -> pd.DataFrame:
-        """Table *name*; ``FileNotFoundError`` naming the folder and file if absent."""
-        if name not in self._tables:
-            path = self.path(name)
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"results folder {self.folder} has no {path.name} "
-                    f"(the other tables there are {self.format})"
-                )
-            dtypes = _request_dtypes() if name == "requests" else None
-            self._tables[name] = _read(path, self.format, dtypes)
-        return self._tables[name]
-
-    def requests(self) -> pd.DataFrame:
-        """The requests table, with the dtypes of :func:`simsim.results.requests_frame`."""
-        frame = self.table("requests")
-        missing = [c for c in REQUEST_COLUMNS if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{self.path('requests')} lacks the columns {missing}")
-        return frame
-
-
-def _detect_format(folder: Path) -> Format:
-    csv = folder / "requests.csv"
-    parquet = folder / "requests.parquet"
-    if csv.is_file() and parquet.is_file():
-        return "csv" if csv.stat().st_mtime_ns > parquet.stat().st_mtime_ns else "parquet"
-    if parquet.is_file():
-        return "parquet"
-    if csv.is_file():
-        return "csv"
-    raise FileNotFoundError(
-        f"results folder {folder} has no requests.csv or requests.parquet "
-        "(write one with 'simsim run --out DIR')"
-    )
-
-
-def _read(path: Path, fmt: Format, dtypes: dict[str, str] | None) -> pd.DataFrame:
-    if fmt == "csv":
-        frame = pd.read_csv(path)
-    else:
-        try:
-            frame = pd.read_parquet(path)
-        except ImportError as error:
-            raise ImportError(
-                f"reading {path} needs pyarrow: pip install 'simsim[parquet]'",
-                name=error.name,
-            ) from error
-    if dtypes:
-        present = {c: t for c, t in dtypes.items() if c in frame.columns}
-        try:
-            frame = frame.astype(present)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
-    return frame
-
-
-@functools.cache
-def _request_dtypes() -> dict[str, str]:
-    """The column dtypes of :func:`simsim.results.requests_frame` (CSV loses them)."""
-    return {str(name): str(dtype) for name, dtype in requests_frame([]).dtypes.items()}
-
-
-def read_requests(folder: Path) -> pd.DataFrame:
-    """The requests table of a results folder, typed as ``requests_frame()`` types it."""
-    return ResultsFolder(folder).requests()
 
 
 # ---------------------------------------------------------------------- series
@@ -549,10 +452,10 @@ class FigureSpec:
     """
 
     filename: str
-    draw: Callable[[ResultsFolder], Figure | None] = field(repr=False)
+    draw: Callable[[RunFolder], Figure | None] = field(repr=False)
 
 
-def _gantt_if_small(results: ResultsFolder) -> Figure | None:
+def _gantt_if_small(results: RunFolder) -> Figure | None:
     requests = results.requests()
     return draw_gantt(requests) if len(requests) <= GANTT_MAX_REQUESTS else None
 
@@ -581,7 +484,7 @@ def plot_results(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
     ``gantt.png``. Raises ``FileNotFoundError`` naming the folder and the file when a
     needed table is missing.
     """
-    results = ResultsFolder(Path(results_dir))
+    results = read_run_folder(results_dir)
     figures = ((spec.filename, functools.partial(spec.draw, results)) for spec in FIGURES)
     return _save_figures(figures, Path(results_dir) if out_dir is None else Path(out_dir))
 
@@ -632,23 +535,14 @@ class SweepFolder:
 
     @classmethod
     def read(cls, path: Path) -> SweepFolder:
-        """Read ``sweep.json`` and ``summary.csv``; errors name the folder and the file."""
-        manifest_path = path / MANIFEST
-        summary_path = path / SUMMARY_FILE
-        for needed in (manifest_path, summary_path):
-            if not needed.exists():
-                raise FileNotFoundError(
-                    f"{path} is not a finished sweep folder: {needed.name} is missing "
-                    "(run 'simsim sweep' to the end first)"
-                )
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        """Read the sweep's manifest and summary; errors name the folder and the file."""
+        manifest, summary = read_sweep_folder(path)
         axes = [str(a) for a in manifest.get("axes", [])]
         load = manifest.get("load")
         if not axes or load not in axes:
             raise ValueError(
                 f"{path}: the sweep has no grid axis to plot against (give it a [grid])"
             )
-        summary = pd.read_csv(summary_path)
         others = [a for a in axes if a != load]
         configuration = tuple(c for c in ("case", *others) if c in summary.columns)
         return cls(path, summary, str(load), configuration, float(manifest["confidence"]))

@@ -6,7 +6,6 @@ files, in CSV and in parquet, so the plots read exactly what users will have on 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import simsim
 from simsim import cli, plots
 from simsim.request import Request
 from simsim.results import requests_frame
+from simsim.run_folder import read_run_folder
 from simsim.scenario import load_scenario, run_scenario
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -145,7 +145,7 @@ def test_both_formats_read_back_as_the_engine_frame(small_results: Path, tmp_pat
     scenario_file = tmp_path / "scenario.toml"
     scenario_file.write_text(SMALL_TOML)
     expected = run_scenario(load_scenario(scenario_file)).requests_frame()
-    read = plots.read_requests(small_results)
+    read = read_run_folder(small_results).requests()
     pd.testing.assert_frame_equal(read, expected)
     # The scenario does what its comment says, so every figure has its edge cases.
     states = dict(zip(read["request_id"], read["state"], strict=True))
@@ -172,7 +172,7 @@ def test_a_missing_folder_is_named(tmp_path: Path) -> None:
 
 
 def test_a_missing_optional_table_is_named_in_the_folders_format(small_results: Path) -> None:
-    results = plots.ResultsFolder(small_results)
+    results = read_run_folder(small_results)
     fmt = small_results.name.removeprefix("results-")
     assert results.format == fmt
     assert results.has("events") and not results.has("iterations")
@@ -181,19 +181,28 @@ def test_a_missing_optional_table_is_named_in_the_folders_format(small_results: 
     assert str(small_results) in str(excinfo.value)
 
 
-def test_with_both_formats_the_newer_requests_file_wins(tmp_path: Path) -> None:
+def test_the_manifest_says_which_format_is_the_runs(small_results: Path) -> None:
+    fmt = small_results.name.removeprefix("results-")
+    other = "csv" if fmt == "parquet" else "parquet"
+    # A stray file of the other format, even a newer one, does not change what is read.
+    frame = requests_frame([Request(0, 5, 1, 1)])
+    (frame.to_csv if other == "csv" else frame.to_parquet)(
+        small_results / f"requests.{other}", index=False
+    )
+    folder = read_run_folder(small_results)
+    assert folder.format == fmt
+    assert len(folder.requests()) > 1
+    assert folder.manifest["tables"] == ["requests", "events", "admissions", "summary"]
+
+
+def test_a_folder_without_manifest_is_read_from_its_one_format(tmp_path: Path) -> None:
     frame = requests_frame([Request(0, 5, 1, 1)])
     frame.to_csv(tmp_path / "requests.csv", index=False)
-    frame.assign(arrival_time_us=pd.array([7], dtype="Int64")).to_parquet(
-        tmp_path / "requests.parquet", index=False
-    )
-    os.utime(tmp_path / "requests.csv", ns=(10**18, 10**18))
-    os.utime(tmp_path / "requests.parquet", ns=(2 * 10**18, 2 * 10**18))
-    assert plots.ResultsFolder(tmp_path).format == "parquet"
-    assert plots.read_requests(tmp_path)["arrival_time_us"].tolist() == [7]
-    os.utime(tmp_path / "requests.csv", ns=(3 * 10**18, 3 * 10**18))
-    assert plots.ResultsFolder(tmp_path).format == "csv"
-    assert plots.read_requests(tmp_path)["arrival_time_us"].tolist() == [5]
+    assert read_run_folder(tmp_path).format == "csv"
+    assert read_run_folder(tmp_path).requests()["arrival_time_us"].tolist() == [5]
+    frame.to_parquet(tmp_path / "requests.parquet", index=False)
+    with pytest.raises(ValueError, match=r"both requests\.csv and requests\.parquet"):
+        read_run_folder(tmp_path)
 
 
 # ---------------------------------------------------------------------- timeline series
@@ -275,8 +284,8 @@ def test_occupancy_series_of_no_requests_is_one_zero_row() -> None:
 
 def test_occupancy_series_agrees_with_the_event_log(small_results: Path) -> None:
     """Occupancy rises only at admissions recorded in the admissions table."""
-    requests = plots.read_requests(small_results)
-    admissions = plots.ResultsFolder(small_results).table("admissions")
+    requests = read_run_folder(small_results).requests()
+    admissions = read_run_folder(small_results).table("admissions")
     series = plots.occupancy_series(requests)
     rises = series["time_us"][series["occupancy"].diff().fillna(series["occupancy"]) > 0]
     assert set(rises.tolist()) <= set(admissions["timestamp_us"].astype(int).tolist())
@@ -288,7 +297,7 @@ def test_occupancy_series_agrees_with_the_event_log(small_results: Path) -> None
 
 
 def test_latency_cdf_plots_the_sorted_present_values_in_ms(small_results: Path) -> None:
-    requests = plots.read_requests(small_results)
+    requests = read_run_folder(small_results).requests()
     fig = plots.draw_latency_cdf(requests)
     try:
         for ax, column in zip(fig.axes, ("ttft_us", "e2e_latency_us"), strict=True):
@@ -306,7 +315,7 @@ def test_latency_cdf_plots_the_sorted_present_values_in_ms(small_results: Path) 
 
 
 def test_gantt_has_a_row_per_request_and_marks_cancellations(small_results: Path) -> None:
-    requests = plots.read_requests(small_results)
+    requests = read_run_folder(small_results).requests()
     fig = plots.draw_gantt(requests)
     try:
         ax = fig.axes[0]

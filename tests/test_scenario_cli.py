@@ -821,6 +821,7 @@ def test_cli_run_hand_scenario_writes_the_worked_tables(
         "admissions.csv",
         "events.csv",
         "requests.csv",
+        "run.json",
         "summary.csv",
     ]
     _check_hand_requests(pd.read_csv(out_dir / "requests.csv"))
@@ -1098,6 +1099,7 @@ def test_console_script_default_scenario_output(default_run: tuple[Path, str]) -
         "admissions.csv",
         "events.csv",
         "requests.csv",
+        "run.json",
         "summary.csv",
     ]
 
@@ -1209,6 +1211,7 @@ def test_parquet_output_matches_csv(mixed: Path) -> None:
         "admissions.parquet",
         "events.parquet",
         "requests.parquet",
+        "run.json",
         "summary.parquet",
     ]
     csv_tables = _read(work / "csv", "csv")

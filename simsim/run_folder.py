@@ -1,0 +1,210 @@
+"""A run's results on disk: the one place that writes and reads a results folder.
+
+``simsim run --out DIR`` writes one file per table (:data:`RUN_TABLES`), all in one
+format (CSV or parquet), and ``run.json``, the folder's manifest: the format, the
+tables it holds, the scenario, the seed and the simsim version. :func:`read_run_folder`
+reads them back with the dtypes the frames had (CSV keeps none: ``Int64`` times would
+come back as floats), so ``simsim plot`` and a user's own notebook see the tables the
+run produced. Nothing here draws or runs anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import pandas as pd
+
+from simsim._version import __version__
+from simsim.records import ITERATION_COLUMNS
+from simsim.results import REQUEST_COLUMNS, requests_frame
+
+__all__ = [
+    "FORMATS",
+    "MANIFEST",
+    "RUN_TABLES",
+    "Format",
+    "RunFolder",
+    "read_run_folder",
+    "write_run_folder",
+]
+
+Format = Literal["csv", "parquet"]
+
+FORMATS: Final = ("csv", "parquet")
+"""The file formats a results folder can be written in."""
+
+MANIFEST: Final = "run.json"
+"""The results folder's manifest: format, tables, scenario, seed, simsim version."""
+
+RUN_TABLES: Final = ("requests", "events", "admissions", "iterations", "summary")
+"""The tables a run writes, in this order (``iterations`` only for the batching server)."""
+
+# The dtypes CSV loses, per table; columns not listed are read as pandas infers them.
+_INT64 = "Int64"
+_TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
+    "events": {"timestamp_us": _INT64, "sequence": "int64", "request_id": "int64"},
+    "admissions": {"timestamp_us": _INT64, "request_id": "int64", "epoch": "int64"},
+    "iterations": {
+        **{name: _INT64 for name in ("start_us", "end_us")},
+        **{
+            name: "int64"
+            for name in ITERATION_COLUMNS
+            if name not in ("start_us", "end_us", "abandoned")
+        },
+        "abandoned": "bool",
+    },
+    "summary": {"value": "float64"},
+}
+
+
+def _dtypes(name: str) -> Mapping[str, str]:
+    if name == "requests":
+        return {str(column): str(dtype) for column, dtype in requests_frame([]).dtypes.items()}
+    return _TABLE_DTYPES.get(name, {})
+
+
+def write_run_folder(
+    folder: str | os.PathLike[str],
+    tables: Mapping[str, pd.DataFrame],
+    *,
+    format: Format = "csv",
+    scenario: str | None = None,
+    seed: int | None = None,
+) -> list[Path]:
+    """Write *tables* (name -> frame, names from :data:`RUN_TABLES`) and the manifest.
+
+    *folder* must exist. Returns the paths written, the manifest last. Raises
+    ``ValueError`` for an unknown table or format and ``OSError`` when a file cannot be
+    written; the manifest is written only after every table, so a folder with a
+    manifest is complete.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    unknown = [name for name in tables if name not in RUN_TABLES]
+    if unknown:
+        raise ValueError(f"unknown run tables {unknown}; a run folder holds {RUN_TABLES}")
+    folder = Path(folder)
+    written = []
+    for name in RUN_TABLES:
+        if name not in tables:
+            continue
+        path = folder / f"{name}.{format}"
+        if format == "csv":
+            tables[name].to_csv(path, index=False)
+        else:
+            tables[name].to_parquet(path, index=False)
+        written.append(path)
+    manifest = {
+        "format": format,
+        "tables": [name for name in RUN_TABLES if name in tables],
+        "scenario": scenario,
+        "seed": seed,
+        "simsim_version": __version__,
+    }
+    path = folder / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    written.append(path)
+    return written
+
+
+@dataclass
+class RunFolder:
+    """A results folder, its tables read on demand (and cached) with their dtypes."""
+
+    folder: Path
+    format: Format
+    tables: tuple[str, ...]
+    manifest: Mapping[str, Any]
+    _cache: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    def path(self, name: str) -> Path:
+        """Where table *name* lives in this folder (it may not exist)."""
+        return self.folder / f"{name}.{self.format}"
+
+    def has(self, name: str) -> bool:
+        """Whether the folder holds table *name*."""
+        return name in self.tables and self.path(name).is_file()
+
+    def table(self, name: str) -> pd.DataFrame:
+        """Table *name*; ``FileNotFoundError`` naming the folder and the file if absent."""
+        if name not in self._cache:
+            path = self.path(name)
+            if not self.has(name):
+                raise FileNotFoundError(
+                    f"results folder {self.folder} has no {path.name} "
+                    f"(it holds {', '.join(self.tables) or 'no tables'})"
+                )
+            self._cache[name] = _read(path, self.format, _dtypes(name))
+        return self._cache[name]
+
+    def requests(self) -> pd.DataFrame:
+        """The requests table, typed as :func:`simsim.results.requests_frame` types it."""
+        frame = self.table("requests")
+        missing = [column for column in REQUEST_COLUMNS if column not in frame.columns]
+        if missing:
+            raise ValueError(f"{self.path('requests')} lacks the columns {missing}")
+        return frame
+
+
+def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
+    """The results folder *folder*, as ``simsim run --out`` wrote it.
+
+    The format and the tables come from its manifest. A folder written before the
+    manifest existed is read if it holds ``requests.csv`` or ``requests.parquet`` but
+    not both (with both, which one belongs to the run cannot be told: ``ValueError``).
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"results folder {path} does not exist or is not a folder "
+            "(write one with 'simsim run --out DIR')"
+        )
+    manifest_path = path / MANIFEST
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            fmt = manifest["format"]
+            tables = tuple(str(name) for name in manifest["tables"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{manifest_path} is not a simsim run manifest ({error})") from None
+        if fmt not in FORMATS:
+            raise ValueError(f"{manifest_path}: unknown format {fmt!r}")
+        return RunFolder(path, fmt, tables, manifest)
+    found = [fmt for fmt in FORMATS if (path / f"requests.{fmt}").is_file()]
+    if not found:
+        raise FileNotFoundError(
+            f"results folder {path} has no {MANIFEST}, requests.csv or requests.parquet "
+            "(write one with 'simsim run --out DIR')"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"results folder {path} has no {MANIFEST} and holds both requests.csv and "
+            "requests.parquet, so which is the run's cannot be told; run 'simsim run' "
+            "into an empty folder"
+        )
+    only: Format = "csv" if found == ["csv"] else "parquet"
+    tables = tuple(name for name in RUN_TABLES if (path / f"{name}.{only}").is_file())
+    return RunFolder(path, only, tables, {})
+
+
+def _read(path: Path, fmt: Format, dtypes: Mapping[str, str]) -> pd.DataFrame:
+    if fmt == "csv":
+        frame = pd.read_csv(path)
+    else:
+        try:
+            frame = pd.read_parquet(path)
+        except ImportError as error:
+            raise ImportError(
+                f"reading {path} needs pyarrow: pip install 'simsim[parquet]'",
+                name=error.name,
+            ) from error
+    present = {column: dtype for column, dtype in dtypes.items() if column in frame.columns}
+    try:
+        return frame.astype(present)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
