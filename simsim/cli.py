@@ -47,8 +47,6 @@ from simsim.sweeps.sweep_file import CAPACITY_FILE, run_sweep
 
 __all__ = ["main"]
 
-RESULT_TABLES = ("requests", "events", "admissions", "summary")
-
 
 class ProgressBar:
     """A one-line progress bar on a terminal, shown only once a run takes a moment."""

@@ -44,14 +44,12 @@ __all__ = ["POLICIES", "BatchingEngine", "KvCacheConfig"]
 POLICIES = ("prefill_first", "mixed")
 """The iteration policies :class:`BatchingEngine` knows."""
 
-_WAITING = RequestState.WAITING
 _PREFILLING = RequestState.PREFILLING
 _DECODING = RequestState.DECODING
 _FINISHED = RequestState.FINISHED
 _CANCELLED = RequestState.CANCELLED
 _PREEMPTED = RequestState.PREEMPTED
 
-_ARRIVAL = EventType.REQUEST_ARRIVAL
 _PREFILL = EventType.PREFILL_COMPLETE
 _DECODE = EventType.DECODE_STEP_COMPLETE
 _COMPLETE = EventType.REQUEST_COMPLETE

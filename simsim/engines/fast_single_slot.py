@@ -53,7 +53,6 @@ __all__ = ["FastSimulationEngine"]
 
 _PREFILLING = RequestState.PREFILLING
 _DECODING = RequestState.DECODING
-_FINISHED = RequestState.FINISHED
 _PREFILL = EventType.PREFILL_COMPLETE
 _COMPLETE = EventType.REQUEST_COMPLETE
 

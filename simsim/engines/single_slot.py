@@ -32,13 +32,11 @@ from simsim.scheduler import Scheduler
 
 __all__ = ["SimulationEngine"]
 
-_WAITING = RequestState.WAITING
 _PREFILLING = RequestState.PREFILLING
 _DECODING = RequestState.DECODING
 _FINISHED = RequestState.FINISHED
 _CANCELLED = RequestState.CANCELLED
 
-_ARRIVAL = EventType.REQUEST_ARRIVAL
 _PREFILL = EventType.PREFILL_COMPLETE
 _DECODE = EventType.DECODE_STEP_COMPLETE
 _COMPLETE = EventType.REQUEST_COMPLETE
