@@ -10,7 +10,8 @@ The package, one idea per module:
 * ``checker``: reading TOML, :class:`TomlChecker` (typed look-ups, did-you-mean) and
   :class:`ScenarioError`;
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
-  :class:`Cancellation`, :class:`BatchingSpec`);
+  :class:`Cancellation`, :class:`BatchingSpec`), and :data:`ENGINE_BUILDERS`, the one
+  registry of the engines a scenario can choose;
 * ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
   (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
 * ``run``: building the engine, checking what it refuses at submission, running it;
@@ -22,6 +23,8 @@ from __future__ import annotations
 from simsim.scenario.checker import ScenarioError, TomlChecker, read_toml
 from simsim.scenario.defaults import default_scenario
 from simsim.scenario.model import (
+    ENGINE_BUILDERS,
+    ENGINES,
     BatchingSpec,
     Cancellation,
     RequestSpec,
@@ -33,6 +36,8 @@ from simsim.scenario.run import check_scenario, run_scenario
 from simsim.scenario.trace_table import read_trace_csv
 
 __all__ = [
+    "ENGINES",
+    "ENGINE_BUILDERS",
     "BatchingSpec",
     "Cancellation",
     "RequestSpec",

@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from simsim.backend import SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment
-from simsim.engines import BatchingEngine, KvCacheConfig
+from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
+from simsim.engines.base import EngineBase
 from simsim.request import Request
 from simsim.scenario.checker import ScenarioError
-from simsim.scheduler import FcfsScheduler
+from simsim.scheduler import FcfsScheduler, Scheduler
 from simsim.workloads import ClosedLoopWorkload, GeneratedWorkload, OpenLoopWorkload, check_seed
 
 __all__ = [
     "ENGINES",
+    "ENGINE_BUILDERS",
     "SCHEDULERS",
     "BatchingSpec",
     "Cancellation",
+    "EngineBuilder",
     "RequestSpec",
     "Scenario",
     "Workload",
 ]
 
-ENGINES = ("single_slot", "single_slot_fast", "batching")
 SCHEDULERS = ("fcfs",)
 
 
@@ -73,7 +77,7 @@ class BatchingSpec:
     kv_cache: KvCacheConfig | None = None
 
     def build(
-        self, backend: SimulatedBackend, scheduler: FcfsScheduler, env: Environment
+        self, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
     ) -> BatchingEngine:
         """A :class:`BatchingEngine` with these settings."""
         return BatchingEngine(
@@ -107,7 +111,16 @@ class Scenario:
         return replace(self, seed=check_seed(seed))
 
     def generated(self) -> GeneratedWorkload | None:
-        """What an open-loop ``workload`` makes from the seed (``None`` otherwise)."""
+        """What an open-loop ``workload`` makes from the seed (``None`` otherwise).
+
+        Generated once per :class:`Scenario` object and kept: checking the scenario's
+        cancellations and running it use the same draw. The requests are specs' source
+        only; :meth:`all_requests` is what an engine is fed.
+        """
+        return self._generated
+
+    @functools.cached_property
+    def _generated(self) -> GeneratedWorkload | None:
         if not isinstance(self.workload, OpenLoopWorkload):
             return None
         try:
@@ -115,12 +128,21 @@ class Scenario:
         except (ValueError, OverflowError) as error:
             raise ScenarioError(self.source, "workload", str(error)) from None
 
+    def build_engine(self, env: Environment | None = None) -> EngineBase:
+        """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`), FCFS, idle."""
+        backend = SimulatedBackend(self.backend)
+        return ENGINE_BUILDERS[self.engine](self, backend, FcfsScheduler(), env or Environment())
+
     def all_requests(self) -> list[RequestSpec]:
         """Listed, traced and generated requests, in id order; ids must be unique.
 
         A closed-loop workload's requests are made while the simulation runs and are
-        not included.
+        not included. Worked out once per :class:`Scenario` object (a copy each call).
         """
+        return list(self._all_requests)
+
+    @functools.cached_property
+    def _all_requests(self) -> tuple[RequestSpec, ...]:
         specs = list(self.requests)
         generated = self.generated()
         if generated is not None:
@@ -136,4 +158,39 @@ class Scenario:
                 )
             seen.add(spec.request_id)
         specs.sort(key=lambda s: s.request_id)
-        return specs
+        return tuple(specs)
+
+
+EngineBuilder = Callable[[Scenario, SimulatedBackend, Scheduler, Environment], EngineBase]
+"""Builds a scenario's engine from its backend, a scheduler and an environment."""
+
+
+def _single_slot(
+    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+) -> EngineBase:
+    return SimulationEngine(backend, scheduler, env=env)
+
+
+def _single_slot_fast(
+    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+) -> EngineBase:
+    return FastSimulationEngine(backend, scheduler, env=env)
+
+
+def _batching(
+    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+) -> EngineBase:
+    if scenario.batching is None:
+        raise ScenarioError(scenario.source, "batching", 'engine "batching" needs [batching]')
+    return scenario.batching.build(backend, scheduler, env)
+
+
+ENGINE_BUILDERS: Mapping[str, EngineBuilder] = {
+    "single_slot": _single_slot,
+    "single_slot_fast": _single_slot_fast,
+    "batching": _batching,
+}
+"""``[scenario] engine`` names and how each engine is built: a new server is one entry."""
+
+ENGINES = tuple(ENGINE_BUILDERS)
+"""The engine names a scenario may choose, in the order the docs list them."""

@@ -16,7 +16,7 @@ from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
 from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
 from simsim.scenario.model import (
-    ENGINES,
+    ENGINE_BUILDERS,
     SCHEDULERS,
     BatchingSpec,
     Cancellation,
@@ -80,7 +80,9 @@ def parse_scenario(
     head = check.table(data, "scenario", "scenario")
     check.keys(head, _SCENARIO_KEYS, "scenario")
     name = check.string(head, "name", "scenario", default="scenario")
-    engine = check.choice(head, "engine", "scenario", ENGINES, default="single_slot")
+    engine = check.choice(
+        head, "engine", "scenario", tuple(ENGINE_BUILDERS), default="single_slot"
+    )
     seed = check.integer(head, "seed", "scenario", default=0)
 
     backend_table = check.table(data, "backend", "backend")

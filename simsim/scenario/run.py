@@ -5,13 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simsim.backend import SimulatedBackend
-from simsim.clock import Environment
-from simsim.engines import FastSimulationEngine, SimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.scenario.checker import ScenarioError
 from simsim.scenario.model import RequestSpec, Scenario
-from simsim.scheduler import FcfsScheduler
 from simsim.workloads import ClosedLoopWorkload
 
 __all__ = ["check_scenario", "run_scenario"]
@@ -74,20 +70,9 @@ def check_scenario(scenario: Scenario) -> list[RequestSpec]:
     return specs
 
 
-def _build_engine(scenario: Scenario) -> EngineBase:
-    env = Environment()
-    backend = SimulatedBackend(scenario.backend)
-    if scenario.engine == "batching":
-        assert scenario.batching is not None
-        return scenario.batching.build(backend, FcfsScheduler(), env)
-    if scenario.engine == "single_slot_fast":
-        return FastSimulationEngine(backend, FcfsScheduler(), env=env)
-    return SimulationEngine(backend, FcfsScheduler(), env=env)
-
-
 def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> EngineBase:
     """A new engine for *scenario* with every one of *specs* submitted, not yet run."""
-    engine = _build_engine(scenario)
+    engine = scenario.build_engine()
     for spec in specs:
         try:
             engine.submit(spec.to_request())
