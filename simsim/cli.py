@@ -30,7 +30,7 @@ from simsim import __version__
 from simsim.engines import BatchingEngine
 from simsim.errors import SimulationError
 from simsim.results import summarize
-from simsim.run_folder import FORMATS, write_run_folder
+from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
 from simsim.scenario import (
     Scenario,
     ScenarioError,
@@ -190,6 +190,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     out = _output_folder(args.out)
+    if is_sweep_folder(out):
+        raise ScenarioError(
+            "--out", "", f"{out} holds a sweep (it has sweep.json); give another folder"
+        )
+    replacing = holds_a_run(out)
     started = time.monotonic()
     try:
         engine = run_scenario(scenario, progress=ProgressBar(sys.stderr, "simulating"))
@@ -222,6 +227,8 @@ def _run(args: argparse.Namespace) -> int:
         reason = error.strerror or str(error)
         where = error.filename or out
         raise ScenarioError("--out", "", f"cannot write {where} ({reason})") from None
+    if replacing:
+        print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     print(_summary_table(summary, frames["requests"]))
     print(

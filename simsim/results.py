@@ -193,6 +193,10 @@ def summarize(
         raise ValueError(f"summarize needs a requests_frame(); missing columns {missing}")
     labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
     slot_count = None if slots is None else check_count(slots, "slots", minimum=1)
+    if ttft_slo_us is not None:
+        ttft_slo_us = check_time_us(ttft_slo_us, "ttft_slo_us")
+    if tpot_slo_us is not None:
+        tpot_slo_us = _non_negative_real(tpot_slo_us, "tpot_slo_us")
     start_us, end_us, selected = _window(requests, warmup_us, until_us)
     metrics: dict[str, float] = {"requests": float(len(selected))}
     states = selected["state"].astype(str)
@@ -266,6 +270,11 @@ def _window(
     arrival = requests["arrival_time_us"]
     start = warmup if warmup is not None else _int_or_none(arrival.min())
     end = until if until is not None else _int_or_none(requests["finish_time_us"].max())
+    if warmup is not None and until is None and end is not None and end <= warmup:
+        raise ValueError(
+            f"the measurement window is empty: warmup_us ({warmup}) is at or after the "
+            f"last finish ({end} us); give a smaller warmup_us"
+        )
     if warmup is None and until is None:
         return start, end, requests
     keep = pd.Series(True, index=requests.index)
@@ -274,6 +283,15 @@ def _window(
     if until is not None:
         keep &= arrival < until
     return start, end, requests[keep.to_numpy(dtype=bool)]
+
+
+def _non_negative_real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number of microseconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number >= 0 microseconds, got {value!r}")
+    return number
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -29,6 +29,7 @@ __all__ = [
     "RUN_TABLES",
     "Format",
     "RunFolder",
+    "holds_a_run",
     "read_run_folder",
     "write_run_folder",
 ]
@@ -78,10 +79,12 @@ def write_run_folder(
 ) -> list[Path]:
     """Write *tables* (name -> frame, names from :data:`RUN_TABLES`) and the manifest.
 
-    *folder* must exist. Returns the paths written, the manifest last. Raises
-    ``ValueError`` for an unknown table or format and ``OSError`` when a file cannot be
-    written; the manifest is written only after every table, so a folder with a
-    manifest is complete.
+    *folder* must exist. Tables an earlier run left there (any of :data:`RUN_TABLES`,
+    in either format) that this run does not write are removed, so the folder holds
+    one run. Returns the paths written, the manifest last. Raises ``ValueError`` for an
+    unknown table or format and ``OSError`` when a file cannot be written; the
+    manifest is written only after every table, so a folder with a manifest is
+    complete.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -89,6 +92,12 @@ def write_run_folder(
     if unknown:
         raise ValueError(f"unknown run tables {unknown}; a run folder holds {RUN_TABLES}")
     folder = Path(folder)
+    # Tables of an earlier run that this one does not write would be read as its own.
+    for name in RUN_TABLES:
+        for other in FORMATS:
+            stale = folder / f"{name}.{other}"
+            if (name not in tables or other != format) and stale.is_file():
+                stale.unlink()
     written = []
     for name in RUN_TABLES:
         if name not in tables:
@@ -208,3 +217,10 @@ def _read(path: Path, fmt: Format, dtypes: Mapping[str, str]) -> pd.DataFrame:
         return frame.astype(present)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
+
+
+def holds_a_run(folder: str | os.PathLike[str]) -> bool:
+    """Whether *folder* holds tables (or the manifest) of an earlier run."""
+    path = Path(folder)
+    names = [MANIFEST, *(f"{name}.{fmt}" for name in RUN_TABLES for fmt in FORMATS)]
+    return any((path / name).is_file() for name in names)

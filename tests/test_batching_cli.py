@@ -147,3 +147,46 @@ def test_validate_accepts_the_same_request_when_the_cache_holds_it(
     path.write_text(NEVER_FITS.replace("total_blocks = 4", "total_blocks = 7"), encoding="utf-8")
     assert main(["validate", str(path)]) == 0
     assert "2 requests" in capsys.readouterr().out
+
+
+def test_a_second_run_into_the_same_folder_leaves_only_its_own_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = "[backend]\nprefill_base_us = 100\ndecode_base_us = 10\n"
+    batching = tmp_path / "batching.toml"
+    batching.write_text(BATCHING + backend + ONE_REQUEST)
+    single = tmp_path / "single.toml"
+    single.write_text(backend + ONE_REQUEST)
+    out = tmp_path / "out"
+    assert main(["run", str(batching), "--out", str(out), "--format", "parquet"]) == 0
+    assert (out / "iterations.parquet").is_file()
+    capsys.readouterr()
+    assert main(["run", str(single), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err == f"simsim: replaced the tables of an earlier run in {out}/\n"
+    assert sorted(path.name for path in out.iterdir()) == [
+        "admissions.csv",
+        "events.csv",
+        "requests.csv",
+        "run.json",
+        "summary.csv",
+    ]
+
+
+def test_run_refuses_a_sweep_folder_and_leaves_it_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    (sweep / "summary.csv").write_text("point,metric\n")
+    scenario = tmp_path / "single.toml"
+    scenario.write_text("[backend]\nprefill_base_us = 100\n" + ONE_REQUEST)
+    assert main(["run", str(scenario), "--out", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"simsim: error: --out: {sweep} holds a sweep (it has sweep.json); give another folder\n"
+    )
+    assert sorted(path.name for path in sweep.iterdir()) == ["summary.csv", "sweep.json"]
+    assert (sweep / "summary.csv").read_text() == "point,metric\n"

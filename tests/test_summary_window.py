@@ -200,6 +200,15 @@ def test_empty_frame_gives_nan_occupancy(backend: simsim.SimulatedBackend) -> No
         ({"until_us": False}, TypeError, "until_us must be an int number of microseconds"),
         ({"warmup_us": 10, "until_us": 10}, ValueError, r"until_us \(10\) must be greater"),
         ({"until_us": 2**63}, OverflowError, "until_us"),
+        ({"warmup_us": 610}, ValueError, r"warmup_us \(610\) is at or after the last finish"),
+        ({"warmup_us": 10**9}, ValueError, "the measurement window is empty"),
+        ({"ttft_slo_us": -1}, ValueError, "ttft_slo_us must be >= 0"),
+        ({"ttft_slo_us": 0.5}, TypeError, "ttft_slo_us must be an int number of microseconds"),
+        ({"ttft_slo_us": True}, TypeError, "ttft_slo_us must be an int number of microseconds"),
+        ({"tpot_slo_us": -0.5}, ValueError, "tpot_slo_us must be a finite number >= 0"),
+        ({"tpot_slo_us": float("nan")}, ValueError, "tpot_slo_us must be a finite number"),
+        ({"tpot_slo_us": True}, TypeError, "tpot_slo_us must be a number of microseconds"),
+        ({"tpot_slo_us": "5"}, TypeError, "tpot_slo_us must be a number of microseconds"),
     ],
 )
 def test_bad_window_or_slots_are_refused(

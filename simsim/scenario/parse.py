@@ -80,9 +80,7 @@ def parse_scenario(
     head = check.table(data, "scenario", "scenario")
     check.keys(head, _SCENARIO_KEYS, "scenario")
     name = check.string(head, "name", "scenario", default="scenario")
-    engine = check.choice(
-        head, "engine", "scenario", tuple(ENGINE_BUILDERS), default="single_slot"
-    )
+    engine = check.choice(head, "engine", "scenario", tuple(ENGINE_BUILDERS), default="single_slot")
     seed = check.integer(head, "seed", "scenario", default=0)
 
     backend_table = check.table(data, "backend", "backend")
