@@ -230,7 +230,12 @@ def _run(args: argparse.Namespace) -> int:
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
-    print(_summary_table(summary, frames["requests"]))
+    server = (
+        _batching_lines(engine, frames["iterations"], frames["events"])
+        if isinstance(engine, BatchingEngine)
+        else []
+    )
+    print(_summary_table(summary, frames["requests"], server))
     print(
         f"{engine.processed_event_count} events simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
@@ -254,7 +259,36 @@ _LATENCY_ROWS = (
 )
 
 
-def _summary_table(summary: pd.DataFrame, requests: pd.DataFrame) -> str:
+def _batching_lines(
+    engine: BatchingEngine, iterations: pd.DataFrame, events: pd.DataFrame
+) -> list[str]:
+    """The batching server's load for a terminal: batch size, preemptions, KV memory.
+
+    Means are over simulated time (each iteration weighs as long as it lasted), so an
+    idle stretch between iterations does not count.
+    """
+    preemptions = int((events["event_type"] == "REQUEST_PREEMPTED").sum())
+    ran = iterations[~iterations["abandoned"]]
+    weights = (ran["end_us"] - ran["start_us"]).astype("float64")
+    head = f"batching      {len(iterations)} iterations"
+    if ran.empty or weights.sum() <= 0:
+        return [f"{head}, {preemptions} preemptions"]
+    batch = float((ran["batch_size"] * weights).sum() / weights.sum())
+    lines = [f"{head}, {batch:.2f} requests per batch on average, {preemptions} preemptions"]
+    cache = engine.kv_cache
+    if cache is not None:
+        used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
+        peak = int(ran["kv_blocks_in_use"].max())
+        lines.append(
+            f"KV cache      {used / cache.total_blocks:.1%} of {cache.total_blocks} blocks "
+            f"in use on average, {peak / cache.total_blocks:.1%} at the peak"
+        )
+    return lines
+
+
+def _summary_table(
+    summary: pd.DataFrame, requests: pd.DataFrame, server: Sequence[str] = ()
+) -> str:
     """The run's summary for a terminal: no NaN, every time in ms or s, who each row covers."""
     values = summary["value"]
     lines = []
@@ -286,6 +320,7 @@ def _summary_table(summary: pd.DataFrame, requests: pd.DataFrame) -> str:
                 f"{values['mean_active_requests']:.2f} requests in slots and "
                 f"{values['mean_queue_length']:.2f} queued on average"
             )
+    lines.extend(server)
     stats = ("mean", "p50", "p90", "p99")
     lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
     for column, label, covers, why_missing in _LATENCY_ROWS:

@@ -190,3 +190,26 @@ def test_run_refuses_a_sweep_folder_and_leaves_it_as_it_was(
     )
     assert sorted(path.name for path in sweep.iterdir()) == ["summary.csv", "sweep.json"]
     assert (sweep / "summary.csv").read_text() == "point,metric\n"
+
+
+def test_the_run_table_shows_batch_size_kv_memory_and_preemptions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(EXAMPLE), "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    iterations = pd.read_csv(tmp_path / "iterations.csv")
+    events = pd.read_csv(tmp_path / "events.csv")
+    ran = iterations[~iterations["abandoned"]]
+    weight = ran["end_us"] - ran["start_us"]
+    batch = (ran["batch_size"] * weight).sum() / weight.sum()
+    used = (ran["kv_blocks_in_use"] * weight).sum() / weight.sum() / 400
+    peak = ran["kv_blocks_in_use"].max() / 400
+    preemptions = (events["event_type"] == "REQUEST_PREEMPTED").sum()
+    assert preemptions > 0  # the example's cache is small enough to preempt
+    assert (
+        f"batching      {len(iterations)} iterations, {batch:.2f} requests per batch on "
+        f"average, {preemptions} preemptions"
+    ) in lines
+    assert (
+        f"KV cache      {used:.1%} of 400 blocks in use on average, {peak:.1%} at the peak" in lines
+    )
