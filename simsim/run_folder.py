@@ -203,7 +203,10 @@ def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
 
 def _read(path: Path, fmt: Format, dtypes: Mapping[str, str]) -> pd.DataFrame:
     if fmt == "csv":
-        frame = pd.read_csv(path)
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not a table simsim wrote ({error})") from None
     else:
         try:
             frame = pd.read_parquet(path)

@@ -311,3 +311,47 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
         "simsim: internal error: RuntimeError: something simsim did not expect "
         "(a bug in simsim: please report it with the command and files used)"
     ]
+
+
+# ---------------------------------------------------------------- named where the fault is
+
+
+@pytest.mark.parametrize(("target", "what"), [("nope.csv", "does not exist"), (".", "is a folder")])
+def test_a_trace_path_that_is_no_file_names_the_scenario_and_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, what: str
+) -> None:
+    path = write(tmp_path, BACKEND + f'[trace]\npath = "{target}"\n')
+    line = one_line_error(capsys, "validate", str(path))
+    assert_names(line, str(path), "trace.path", what)
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ('[grid]\n"scenario.seed" = [1, 2]\n', "grid.scenario.seed"),
+        (
+            '[grid]\n"workload.count" = [1]\n[cases.a]\n"scenario.seed" = 3\n',
+            "cases.a.scenario.seed",
+        ),
+    ],
+)
+def test_a_sweep_that_sets_the_seed_names_the_sweep_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, key: str
+) -> None:
+    text = "[sweep]\nreplications = 1\n" + workload(
+        "count = 3\nrate_per_s = 1.0\nprompt_tokens = 4\noutput_tokens = 2"
+    ).replace("[backend]", "[base.backend]").replace("[workload]", "[base.workload]")
+    path = write(tmp_path, text + table, "sweep.toml")
+    line = one_line_error(capsys, "sweep", str(path), "--out", str(tmp_path / "out"))
+    assert line == (
+        f"simsim: error: {path}: {key}: the sweep sets each run's seed; use sweep.seed instead"
+    )
+
+
+def test_plot_on_an_unreadable_table_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "requests.csv").write_text("")
+    line = one_line_error(capsys, "plot", str(tmp_path))
+    assert_names(line, str(tmp_path / "requests.csv"), "not a table simsim wrote")

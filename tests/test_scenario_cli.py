@@ -655,7 +655,8 @@ def test_bad_trace_names_trace_file_line_and_rule(
 def test_missing_trace_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scenario = write(tmp_path, '[trace]\npath = "gone.csv"\n')
     message = load_error(scenario)
-    assert str(tmp_path / "gone.csv") in message and "cannot read the file" in message
+    assert str(tmp_path / "gone.csv") in message and "does not exist" in message
+    assert message.startswith(f"{scenario}: trace.path: ")
     code, _, err = cli(capsys, "validate", str(scenario))
     assert code == 2 and "gone.csv" in err
 

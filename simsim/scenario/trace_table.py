@@ -32,6 +32,10 @@ def parse_trace(
     path = Path(check.string(table, "path", "trace"))
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        where = " (a relative path is read from the scenario file's folder)"
+        raise check.fail("trace.path", f"{path} {what}{where if base_dir else ''}")
     fmt = check.choice(table, "format", "trace", ("plain", "azure"), default="plain")
     time_scale = check.number(table, "time_scale", "trace", default=1.0)
     first = check.integer(table, "first_request_id", "trace", default=0)

@@ -49,7 +49,8 @@ ProgressCallback = Callable[[int, int], None]
 MANIFEST = "sweep.json"
 RUNS_FOLDER = "runs"
 _FORMAT = "simsim-sweep"
-_RESERVED_KEYS = ("scenario.seed",)
+RESERVED_KEYS = ("scenario.seed",)
+"""Settings a sweep owns: each run's seed comes from the sweep's seed."""
 _TERMINATE_WAIT_S = 5.0
 """How long a terminated worker may take to exit before it is killed."""
 
@@ -91,7 +92,7 @@ class ScenarioSource:
     def check(self, point: SweepPoint) -> None:
         """Validate the point's scenario before anything runs (errors name the key)."""
         for key in point.settings:
-            if key in _RESERVED_KEYS:
+            if key in RESERVED_KEYS:
                 raise ScenarioError(
                     self.source, key, "the sweep sets each run's seed; use the sweep's seed"
                 )

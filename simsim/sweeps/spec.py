@@ -19,7 +19,7 @@ from simsim.sweeps.capacity import (
     target_metrics,
 )
 from simsim.sweeps.grid import Case, expand_grid
-from simsim.sweeps.runner import ScenarioSource, resolve_source
+from simsim.sweeps.runner import RESERVED_KEYS, ScenarioSource, resolve_source
 
 __all__ = ["CapacitySpec", "SweepSpec", "load_sweep"]
 
@@ -142,6 +142,13 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
             cases.append(Case(name, _flatten(settings)))
         if not cases:
             raise check.fail("cases", "needs at least one case")
+
+    settings = [(f"grid.{key}", key) for key in grid] + [
+        (f"cases.{case.name}.{key}", key) for case in cases or () for key in case.settings
+    ]
+    for where, key in settings:
+        if key in RESERVED_KEYS:
+            raise check.fail(where, "the sweep sets each run's seed; use sweep.seed instead")
 
     capacity = None
     if "capacity" in data:
