@@ -10,31 +10,16 @@ outside it. The machinery lives in ``benchmarks/validation.py``, imported here b
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from fractions import Fraction
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import ROOT, load_script
 
 import simsim
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "validation.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("simsim_benchmarks_validation", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-validation = _load()
+validation = load_script(ROOT / "benchmarks" / "validation.py", "simsim_benchmarks_validation")
 CASE_IDS = [case.name for case in validation.CASES]
 
 

@@ -1,0 +1,32 @@
+"""Helpers shared by test files (import them with ``from helpers import ...``).
+
+pytest puts this folder on ``sys.path`` while it imports the test files (the folder has
+no ``__init__.py``), so a test file imports this module by its bare name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root: ``benchmarks/``, ``examples/`` and ``docs/`` are below it."""
+
+
+def load_script(path: Path, name: str | None = None) -> ModuleType:
+    """Import the script at *path* (not on ``sys.path``) as a fresh module and return it.
+
+    The module is registered in ``sys.modules`` under *name* (by default the file's stem
+    prefixed with ``script_``) before it runs, because ``dataclasses`` looks a class's
+    module up there while decorating it. Each call runs the script's top level again.
+    """
+    module_name = name if name is not None else f"script_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python file that can be loaded as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
