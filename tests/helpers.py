@@ -10,6 +10,9 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import simsim
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: ``benchmarks/``, ``examples/`` and ``docs/`` are below it."""
@@ -30,3 +33,30 @@ def load_script(path: Path, name: str | None = None) -> ModuleType:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def request_row(request: simsim.Request) -> tuple[Any, ...]:
+    """Every field of *request* that ``requests_frame`` reads, as one comparable tuple.
+
+    The frame's other columns (latencies) are computed from these, so two engines whose
+    rows are equal have equal request tables; comparing rows is much cheaper than
+    building and comparing two DataFrames, which matters in a loop over timestamps.
+    """
+    return (
+        request.request_id,
+        request.state,
+        request.arrival_time_us,
+        request.prompt_token_count,
+        request.max_output_tokens,
+        request.generated_token_count,
+        request.admit_time_us,
+        request.prefill_end_time_us,
+        request.first_token_time_us,
+        request.finish_time_us,
+    )
+
+
+def request_table(engine: simsim.SimulationEngine | simsim.BatchingEngine) -> list[tuple[Any, ...]]:
+    """:func:`request_row` of every request of *engine*, in request id order."""
+    requests = engine.requests  # read once: the fast engine catches up on every read
+    return [request_row(requests[rid]) for rid in sorted(requests)]
