@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import request_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,25 +133,6 @@ def _ids(draw: Any, *, pressure: bool = False) -> list[int]:
     many = st.integers(MAX_REQUESTS // 2, MAX_REQUESTS)
     n = draw(many if pressure else st.one_of(st.integers(0, MAX_REQUESTS), many))
     return list(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True)))
-
-
-def request_row(r: simsim.Request) -> tuple[Any, ...]:
-    return (
-        r.request_id,
-        r.state,
-        r.arrival_time_us,
-        r.prompt_token_count,
-        r.max_output_tokens,
-        r.generated_token_count,
-        r.admit_time_us,
-        r.prefill_end_time_us,
-        r.first_token_time_us,
-        r.finish_time_us,
-    )
-
-
-def request_table(engine: Any) -> list[tuple[Any, ...]]:
-    return [request_row(engine.requests[rid]) for rid in sorted(engine.requests)]
 
 
 def unsequenced(engine: Any) -> list[tuple[int, EventType, int]]:

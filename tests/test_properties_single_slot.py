@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from helpers import request_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,25 +187,6 @@ class Outcome:
     cancel_time: dict[int, int] = field(default_factory=dict)
     returned: list[int | None] = field(default_factory=list)
     used_run: bool = False
-
-
-def request_row(r: simsim.Request) -> tuple[Any, ...]:
-    return (
-        r.request_id,
-        r.state,
-        r.arrival_time_us,
-        r.prompt_token_count,
-        r.max_output_tokens,
-        r.generated_token_count,
-        r.admit_time_us,
-        r.prefill_end_time_us,
-        r.first_token_time_us,
-        r.finish_time_us,
-    )
-
-
-def request_table(engine: simsim.SimulationEngine) -> list[tuple[Any, ...]]:
-    return [request_row(engine.requests[rid]) for rid in sorted(engine.requests)]
 
 
 def engine_snapshot(engine: simsim.SimulationEngine) -> tuple[Any, ...]:
