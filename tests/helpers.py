@@ -7,6 +7,7 @@ no ``__init__.py``), so a test file imports this module by its bare name.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +17,23 @@ import simsim
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: ``benchmarks/``, ``examples/`` and ``docs/`` are below it."""
+
+EXHAUSTIVE = os.environ.get("SIMSIM_EXHAUSTIVE", "0") not in ("", "0")
+"""True when ``SIMSIM_EXHAUSTIVE=1``: the long runs, not the suite's quick sizes.
+
+The suite's default sizes are chosen to reach every rule's code paths in a few seconds;
+an exhaustive run (``SIMSIM_EXHAUSTIVE=1 python -m pytest``) draws ten times as many
+property-test examples and runs the M/G/1 validation at the budget documented in
+``docs/validation.md``. Use it after changing an engine, before a release.
+"""
+
+EXHAUSTIVE_FACTOR = 10
+"""How many times more property-test examples an exhaustive run draws."""
+
+
+def examples(quick: int) -> int:
+    """A property test's ``max_examples``: *quick* normally, ten times more if exhaustive."""
+    return quick * EXHAUSTIVE_FACTOR if EXHAUSTIVE else quick
 
 
 def load_script(path: Path, name: str | None = None) -> ModuleType:

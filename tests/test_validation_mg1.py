@@ -5,28 +5,39 @@ the decode steps. For three loads and two service models (deterministic, so M/D/
 uniform prompt and output lengths), independent replications from fixed seeds give a
 Student-t interval per quantity, and each test fails when the theoretical value is
 outside it. The machinery lives in ``benchmarks/validation.py``, imported here by path.
+The suite runs the cases with fewer requests than the documented table (see
+``QUICK_REQUESTS_DIVISOR``); ``SIMSIM_EXHAUSTIVE=1`` runs them at full size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ROOT, load_script
+from helpers import EXHAUSTIVE, ROOT, load_script
 
 import simsim
 
 validation = load_script(ROOT / "benchmarks" / "validation.py", "simsim_benchmarks_validation")
 CASE_IDS = [case.name for case in validation.CASES]
 
+#: The suite runs each documented case with a quarter of its requests per replication
+#: (same load, service model, replications, seed and confidence level): the exact
+#: Lindley check is as strict, and the intervals are somewhat wider (mean queue delay
+#: within about 8-13% instead of 3-13%). The documented budget, 1.56 million requests,
+#: runs in ``python benchmarks/validation.py`` and here with ``SIMSIM_EXHAUSTIVE=1``.
+QUICK_REQUESTS_DIVISOR = 1 if EXHAUSTIVE else 4
+
 
 @functools.cache
 def _result(name: str) -> Any:
     """Each case runs once per session, however many tests read it."""
     (case,) = [case for case in validation.CASES if case.name == name]
+    case = dataclasses.replace(case, requests=case.requests // QUICK_REQUESTS_DIVISOR)
     return validation.run_case(case)
 
 
