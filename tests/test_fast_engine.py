@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator
 
 import pandas as pd
 import simpy
-from helpers import request_table
+from helpers import examples, request_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +73,7 @@ def table(engine: simsim.SimulationEngine) -> pd.DataFrame:
     return engine.requests_frame()
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 @given(scenarios())
 def test_same_request_table_with_cancellations_at_stopped_times(
     scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan],
@@ -92,7 +92,7 @@ def settle(engine: simsim.SimulationEngine, at: int) -> None:
         engine.run_next_timestamp()
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 @given(scenarios(), st.lists(st.integers(0, 30), max_size=5))
 def test_same_state_at_every_fast_timestamp_and_after_cancellations(
     scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan], cancel_steps: list[int]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from helpers import request_table
+from helpers import examples, request_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,8 +43,11 @@ CANCEL_ACTIVE = -1
 #: generous bound on driver steps; a run that needs more is a livelock
 MAX_DRIVER_STEPS = 20_000
 
+#: 100 examples per property (200 before): each test's examples reach the engine branches
+#: that 200 reached (measured with coverage, per test), but for an unknown-id cancellation
+#: in the costs test, which the other tests reach. SIMSIM_EXHAUSTIVE=1 draws 1,000.
 PROPERTY_SETTINGS = settings(
-    max_examples=200,
+    max_examples=examples(100),
     deadline=None,
     derandomize=True,
     database=None,
