@@ -744,7 +744,8 @@ def check_invariants(scenario: Scenario, out: Outcome) -> None:
     assert engine.processed_event_count == n_arrivals + before_arrival + len(iterations)
 
 
-@_settings(350)
+# 200 examples (350 before) reach every branch of the engines that 350 did; 150 did not.
+@_settings(200)
 @given(scenarios())
 def test_invariants_on_random_batching_workloads(scenario: Scenario) -> None:
     """No request lost, bounded batch and cache, policy caps, no lone preemption, no livelock."""
