@@ -1,10 +1,21 @@
-"""Shared fixtures: a cost model with easy numbers and engines built on it."""
+"""Shared fixtures: a cost model with easy numbers and engines built on it.
+
+With ``SIMSIM_EXHAUSTIVE=1`` in the environment the suite makes its long runs (see
+``tests/helpers.py``): property tests that set no example count of their own draw ten
+times Hypothesis's default too.
+"""
 
 from __future__ import annotations
 
 import pytest
+from helpers import EXHAUSTIVE, examples
+from hypothesis import settings
 
 import simsim
+
+if EXHAUSTIVE:
+    settings.register_profile("simsim-exhaustive", max_examples=examples(100))
+    settings.load_profile("simsim-exhaustive")
 
 #: prefill = 100 + 2 * prompt tokens, decode step = 10 (microseconds)
 EASY_CONFIG = simsim.SimulatedBackendConfig(

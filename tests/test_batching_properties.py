@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import examples, request_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,9 +55,9 @@ CANCEL_ACTIVE = -1
 MAX_CALLS = 20_000
 
 
-def _settings(examples: int) -> settings:
+def _settings(quick: int) -> settings:
     return settings(
-        max_examples=examples,
+        max_examples=examples(quick),
         deadline=None,
         derandomize=True,
         database=None,
@@ -132,25 +133,6 @@ def _ids(draw: Any, *, pressure: bool = False) -> list[int]:
     many = st.integers(MAX_REQUESTS // 2, MAX_REQUESTS)
     n = draw(many if pressure else st.one_of(st.integers(0, MAX_REQUESTS), many))
     return list(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True)))
-
-
-def request_row(r: simsim.Request) -> tuple[Any, ...]:
-    return (
-        r.request_id,
-        r.state,
-        r.arrival_time_us,
-        r.prompt_token_count,
-        r.max_output_tokens,
-        r.generated_token_count,
-        r.admit_time_us,
-        r.prefill_end_time_us,
-        r.first_token_time_us,
-        r.finish_time_us,
-    )
-
-
-def request_table(engine: Any) -> list[tuple[Any, ...]]:
-    return [request_row(engine.requests[rid]) for rid in sorted(engine.requests)]
 
 
 def unsequenced(engine: Any) -> list[tuple[int, EventType, int]]:
@@ -234,7 +216,8 @@ def assert_pair_final(single: simsim.SimulationEngine, batch: simsim.BatchingEng
         assert r.state in TERMINAL_STATES
 
 
-@_settings(250)
+# 100 examples (250 before) reach every branch of the engines that 250 did, and so did 25.
+@_settings(100)
 @given(pair_scenarios())
 def test_equivalence_with_single_slot_cancelling_by_call_index(scenario: PairScenario) -> None:
     """Section 12 "Equivalence", cancellations after the k-th ``run_next_timestamp()`` call.
@@ -263,7 +246,8 @@ def test_equivalence_with_single_slot_cancelling_by_call_index(scenario: PairSce
     assert_pair_final(single, batch)
 
 
-@_settings(200)
+# 100 examples (200 before) reach every branch of the engines that 200 did, and so did 25.
+@_settings(100)
 @given(
     scenario=pair_scenarios(by_call=False),
     data=st.data(),
@@ -760,7 +744,8 @@ def check_invariants(scenario: Scenario, out: Outcome) -> None:
     assert engine.processed_event_count == n_arrivals + before_arrival + len(iterations)
 
 
-@_settings(350)
+# 200 examples (350 before) reach every branch of the engines that 350 did; 150 did not.
+@_settings(200)
 @given(scenarios())
 def test_invariants_on_random_batching_workloads(scenario: Scenario) -> None:
     """No request lost, bounded batch and cache, policy caps, no lone preemption, no livelock."""

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import ROOT, load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "batching.py"
+SCRIPT = ROOT / "benchmarks" / "batching.py"
 
 
 def test_batching_benchmark_quick_run(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("benchmark_batching", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, "benchmark_batching")
     results = module.main(["--quick"])
     assert [r.batch_size for r in results] == [1, 8, 64]
     # One event per iteration: a fuller batch needs fewer events per token.

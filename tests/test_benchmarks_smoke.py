@@ -8,22 +8,17 @@ has teeth.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "solvers.py"
+SCRIPT = ROOT / "benchmarks" / "solvers.py"
 SOLVERS = ("closed_form", "raw_simpy", "simsim", "simsim_fast")
 
 
 def test_solver_benchmark_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("benchmark_solvers", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, "benchmark_solvers")
 
     plot, markdown = tmp_path / "scaling.png", tmp_path / "tables.md"
     assert module.main(["--quick", "--plot", str(plot), "--markdown", str(markdown)]) == 0

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import simpy
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -819,7 +820,7 @@ def test_run_drives_the_whole_shared_heap(backend: simsim.SimulatedBackend) -> N
 # --------------------------------------------------------------------------- property
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(
         st.tuples(

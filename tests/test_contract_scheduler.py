@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -456,7 +457,7 @@ def test_dataclass_like_values_compare_by_value() -> None:
         assert dataclasses.replace(Q(1, 2, 3, 4), request_id=5) == Q(5, 2, 3, 4)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.lists(st.integers(0, 5), min_size=0, max_size=12).flatmap(
         lambda arrivals: st.permutations(list(enumerate(arrivals)))

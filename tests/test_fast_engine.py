@@ -12,6 +12,7 @@ from collections.abc import Callable, Generator
 
 import pandas as pd
 import simpy
+from helpers import examples, request_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,7 +73,7 @@ def table(engine: simsim.SimulationEngine) -> pd.DataFrame:
     return engine.requests_frame()
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 @given(scenarios())
 def test_same_request_table_with_cancellations_at_stopped_times(
     scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan],
@@ -91,7 +92,7 @@ def settle(engine: simsim.SimulationEngine, at: int) -> None:
         engine.run_next_timestamp()
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 @given(scenarios(), st.lists(st.integers(0, 30), max_size=5))
 def test_same_state_at_every_fast_timestamp_and_after_cancellations(
     scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan], cancel_steps: list[int]
@@ -109,16 +110,19 @@ def test_same_state_at_every_fast_timestamp_and_after_cancellations(
         settle(fast, at)
         settle(full, at)
         assert fast.now_us == at
-        pd.testing.assert_frame_equal(table(fast), table(full))
+        # Rows, not frames, inside the loop: the frame is computed from exactly these
+        # fields (compared as frames once at the end) and is 20 times dearer to build.
+        assert request_table(fast) == request_table(full), at
         if step in cancel_steps and full.now_us == at:
             active = [r for r in full.requests.values() if not r.is_terminal]
             if active:
                 victim = active[step % len(active)].request_id
                 full.cancel_request(victim)
                 fast.cancel_request(victim)
-                pd.testing.assert_frame_equal(table(fast), table(full))
+                assert request_table(fast) == request_table(full), (at, victim)
         step += 1
     full.run()
+    assert request_table(fast) == request_table(full)
     pd.testing.assert_frame_equal(table(fast), table(full))
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -142,7 +143,7 @@ def _drive(model: dict[str, Any], *, reference: bool) -> list[Any]:
     return trace
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 @given(models())
 def test_holding_arrivals_back_changes_nothing(model: dict[str, Any]) -> None:
     assert _drive(model, reference=False) == _drive(model, reference=True)

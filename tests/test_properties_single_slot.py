@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from helpers import examples, request_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,8 +43,11 @@ CANCEL_ACTIVE = -1
 #: generous bound on driver steps; a run that needs more is a livelock
 MAX_DRIVER_STEPS = 20_000
 
+#: 100 examples per property (200 before): each test's examples reach the engine branches
+#: that 200 reached (measured with coverage, per test), but for an unknown-id cancellation
+#: in the costs test, which the other tests reach. SIMSIM_EXHAUSTIVE=1 draws 1,000.
 PROPERTY_SETTINGS = settings(
-    max_examples=200,
+    max_examples=examples(100),
     deadline=None,
     derandomize=True,
     database=None,
@@ -186,25 +190,6 @@ class Outcome:
     cancel_time: dict[int, int] = field(default_factory=dict)
     returned: list[int | None] = field(default_factory=list)
     used_run: bool = False
-
-
-def request_row(r: simsim.Request) -> tuple[Any, ...]:
-    return (
-        r.request_id,
-        r.state,
-        r.arrival_time_us,
-        r.prompt_token_count,
-        r.max_output_tokens,
-        r.generated_token_count,
-        r.admit_time_us,
-        r.prefill_end_time_us,
-        r.first_token_time_us,
-        r.finish_time_us,
-    )
-
-
-def request_table(engine: simsim.SimulationEngine) -> list[tuple[Any, ...]]:
-    return [request_row(engine.requests[rid]) for rid in sorted(engine.requests)]
 
 
 def engine_snapshot(engine: simsim.SimulationEngine) -> tuple[Any, ...]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import simpy
+from helpers import request_table
 
 import simsim
 from simsim import EventType, Request, RequestState
@@ -52,24 +53,6 @@ Proc = Generator[simpy.Event, Any, None]
 def make_engine() -> tuple[simsim.Environment, simsim.SimulationEngine]:
     env = simsim.Environment()
     return env, simsim.SimulationEngine(simsim.SimulatedBackend(EASY), env=env)
-
-
-def request_table(engine: simsim.SimulationEngine) -> list[tuple[Any, ...]]:
-    return [
-        (
-            r.request_id,
-            r.state,
-            r.arrival_time_us,
-            r.prompt_token_count,
-            r.max_output_tokens,
-            r.generated_token_count,
-            r.admit_time_us,
-            r.prefill_end_time_us,
-            r.first_token_time_us,
-            r.finish_time_us,
-        )
-        for _, r in sorted(engine.requests.items())
-    ]
 
 
 def events(engine: simsim.SimulationEngine) -> list[tuple[int, EventType, int]]:

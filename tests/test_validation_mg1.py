@@ -5,43 +5,39 @@ the decode steps. For three loads and two service models (deterministic, so M/D/
 uniform prompt and output lengths), independent replications from fixed seeds give a
 Student-t interval per quantity, and each test fails when the theoretical value is
 outside it. The machinery lives in ``benchmarks/validation.py``, imported here by path.
+The suite runs the cases with fewer requests than the documented table (see
+``QUICK_REQUESTS_DIVISOR``); ``SIMSIM_EXHAUSTIVE=1`` runs them at full size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib.util
-import sys
 from fractions import Fraction
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import EXHAUSTIVE, ROOT, load_script
 
 import simsim
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "validation.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("simsim_benchmarks_validation", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-validation = _load()
+validation = load_script(ROOT / "benchmarks" / "validation.py", "simsim_benchmarks_validation")
 CASE_IDS = [case.name for case in validation.CASES]
+
+#: The suite runs each documented case with a quarter of its requests per replication
+#: (same load, service model, replications, seed and confidence level): the exact
+#: Lindley check is as strict, and the intervals are somewhat wider (mean queue delay
+#: within about 8-13% instead of 3-13%). The documented budget, 1.56 million requests,
+#: runs in ``python benchmarks/validation.py`` and here with ``SIMSIM_EXHAUSTIVE=1``.
+QUICK_REQUESTS_DIVISOR = 1 if EXHAUSTIVE else 4
 
 
 @functools.cache
 def _result(name: str) -> Any:
     """Each case runs once per session, however many tests read it."""
     (case,) = [case for case in validation.CASES if case.name == name]
+    case = dataclasses.replace(case, requests=case.requests // QUICK_REQUESTS_DIVISOR)
     return validation.run_case(case)
 
 
