@@ -9,15 +9,14 @@ the ``OUT`` folder: golden files name the figure folder ``OUT``).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -28,11 +27,7 @@ FIGURES = {"batching_vs_single_slot": ["batching_vs_single_slot.png"]}
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLES / f"{name}.py", f"example_{name}")
 
 
 def test_every_example_has_a_golden_output() -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from fractions import Fraction
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers import ROOT, load_script
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,7 +21,6 @@ from simsim.traces import (
     read_table,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 
@@ -436,18 +434,10 @@ def test_seconds_rule_agrees_with_seconds_to_us(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- the sample trace
 
 
-def load_script() -> ModuleType:
-    path = ROOT / "benchmarks" / "make_sample_trace.py"
-    spec = importlib.util.spec_from_file_location("make_sample_trace", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sample_trace_is_exactly_what_the_script_writes() -> None:
     committed = Path(str(SAMPLE_AZURE_TRACE)).read_text(encoding="utf-8")
-    assert committed == load_script().render()
+    script = load_script(ROOT / "benchmarks" / "make_sample_trace.py", "make_sample_trace")
+    assert committed == script.render()
     assert committed.startswith(AZURE_HEADER)
     assert committed.count("\n") == 201
 
