@@ -127,7 +127,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Path | None:
     )
     parser.add_argument("--no-plot", action="store_true", help="print the table only")
     args = parser.parse_args(argv)
-    return None if args.no_plot else args.out
+    if args.no_plot:
+        return None
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a folder")  # before the runs, not after
+    return Path(args.out)
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     scenario = _load(args)
     if args.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
         print(
-            "simsim: error: --format parquet needs pyarrow: pip install 'simsim[parquet]'",
+            f"simsim: error: --format parquet needs pyarrow: {_install('parquet')}",
             file=sys.stderr,
         )
         return 2
@@ -343,13 +343,23 @@ def _duration(value_us: float) -> str:
     return f"{ms:.3f} ms"
 
 
+def _install(extra: str) -> str:
+    """How to install an optional extra, from the package index or a source checkout."""
+    return f"pip install 'simsim[{extra}]' (from a source checkout: pip install '.[{extra}]')"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _validate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     # Submit every request to the engine (without running it): what run would refuse.
     requests = check_scenario(scenario)
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
-        f"{len(requests)} requests, {len(scenario.cancellations)} cancellations"
+        f"{_count(len(requests), 'request')}, "
+        f"{_count(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
 
@@ -415,7 +425,7 @@ def _dask_executor(address: str, stack: contextlib.ExitStack) -> Executor | None
         distributed: Any = importlib.import_module("distributed")
     except ImportError:
         print(
-            "simsim: error: --dask needs Dask's distributed package: pip install 'simsim[dask]'",
+            f"simsim: error: --dask needs Dask's distributed package: {_install('dask')}",
             file=sys.stderr,
         )
         return None
@@ -484,8 +494,7 @@ def _plot(args: argparse.Namespace) -> int:
         if not (error.name or "").split(".")[0] == "matplotlib":
             raise
         print(
-            "simsim: error: plotting needs matplotlib, which is not installed: "
-            "pip install 'simsim[plot]'",
+            f"simsim: error: plotting needs matplotlib, which is not installed: {_install('plot')}",
             file=sys.stderr,
         )
         return 2

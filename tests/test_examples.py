@@ -70,6 +70,11 @@ def test_figures_default_to_a_results_folder_never_the_current_one(tmp_path: Pat
         assert module.parse_args([]) == Path("simsim-results") / "examples"
         assert module.parse_args(["--out", str(tmp_path)]) == tmp_path
         assert module.parse_args(["--no-plot"]) is None
+        afile = tmp_path / "afile"
+        afile.write_text("")
+        with pytest.raises(SystemExit) as refused:  # before the runs, not after them
+            module.parse_args(["--out", str(afile)])
+        assert refused.value.code == 2
         for figure in figures:
             assert Path(figure).name == figure  # a file name inside the folder, no path
 

@@ -1003,7 +1003,7 @@ def test_validate_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert ": ok: scenario 'small'" in out
     # 2 inline + 3 traced + 20 generated
-    assert "25 requests, 1 cancellations" in out
+    assert "25 requests, 1 cancellation\n" in out
 
 
 # ====================================================================== end to end
