@@ -128,7 +128,7 @@ def test_scenario_example_validates_and_runs(
 
     scenario = EXAMPLES / "scenarios" / "small.toml"
     assert main(["validate", str(scenario)]) == 0
-    assert "25 requests, 1 cancellations" in capsys.readouterr().out
+    assert "25 requests, 1 cancellation\n" in capsys.readouterr().out
     assert main(["run", str(scenario), "--out", str(tmp_path)]) == 0
     requests = pd.read_csv(tmp_path / "requests.csv")
     # 2 inline + 3 traced + 20 generated; request 102 cancelled at 0.4 s.
