@@ -9,6 +9,7 @@ any real hardware or inference runtime.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
@@ -128,14 +129,15 @@ def iteration_cost_us(
     prefilling_count: int,
     decoding_count: int,
     *,
-    subject: int | str = "an iteration",
+    subject: int | str | Callable[[], str] = "an iteration",
 ) -> int:
     """The default iteration cost for any backend, from its two per-phase costs.
 
     Each part is checked before it is added (a non-negative ``int``, not ``bool``), so a
     bad answer from ``prefill_us`` or ``decode_step_us`` is reported under that method's
     name and never hidden by the other part. *subject* names the work in messages (a
-    request id, or a description such as ``"the iteration at 40 us"``).
+    request id, a description such as ``"the iteration at 40 us"``, or a function that
+    returns one, called only when a message is written).
     """
     prefill_tokens = check_count(prefill_tokens, "prefill_tokens")
     prefilling_count = check_count(prefilling_count, "prefilling_count")
@@ -143,19 +145,24 @@ def iteration_cost_us(
     total = 0
     if prefilling_count > 0:
         part = backend.prefill_us(prefill_tokens, prefilling_count)
-        total += check_duration_us(part, "prefill_us", subject)
+        if type(part) is not int or part < 0:
+            part = check_duration_us(part, "prefill_us", subject)
+        total += part
     if decoding_count > 0:
         part = backend.decode_step_us(decoding_count)
-        total += check_duration_us(part, "decode_step_us", subject)
+        if type(part) is not int or part < 0:
+            part = check_duration_us(part, "decode_step_us", subject)
+        total += part
     return _checked(total, "iteration_us")
 
 
-def check_duration_us(value: object, what: str, subject: int | str) -> int:
+def check_duration_us(value: object, what: str, subject: int | str | Callable[[], str]) -> int:
     """Check a backend's answer: a non-negative ``int`` (NumPy integers converted).
 
     *what* names the backend method, *subject* the work it priced: an ``int`` is a
-    request id (``"request 7"``), a string is used as it is. ``bool``, floats, strings
-    and ``None`` raise ``TypeError``; a negative duration raises ``ValueError``.
+    request id (``"request 7"``), a string is used as it is, a function is called for
+    the string. ``bool``, floats, strings and ``None`` raise ``TypeError``; a negative
+    duration raises ``ValueError``.
     """
     if type(value) is int:
         duration = value
@@ -173,5 +180,7 @@ def check_duration_us(value: object, what: str, subject: int | str) -> int:
     return duration
 
 
-def _named(subject: int | str) -> str:
-    return f"request {subject}" if isinstance(subject, int) else subject
+def _named(subject: int | str | Callable[[], str]) -> str:
+    if isinstance(subject, int):
+        return f"request {subject}"
+    return subject if isinstance(subject, str) else subject()

@@ -291,7 +291,7 @@ class EngineBase(ABC):
                 f"first_token={request.first_token_time_us}, finish={request.finish_time_us}); "
                 "submit a new WAITING request with no tokens and no timestamps"
             )
-        now = self._env.now
+        now = self._env._now
         if request.arrival_time_us < now:
             raise ValueError(
                 f"request {rid} arrives at {request.arrival_time_us} us, before the current "
@@ -393,15 +393,12 @@ class EngineBase(ABC):
     def _check_admissible(self, request: Request) -> None:  # noqa: B027 (optional hook)
         """Refuse at submit a request this server could never run (hook; accepts all)."""
 
-    @engine_work
-    def _on_arrival(self, event: LifecycleEvent) -> None:
-        """The request joins the scheduler's queue; an idle server fills its slot."""
-        # First: whatever follows, the next held arrival must be in the heap.
-        self._arrivals.popped()
-        self._arrived(event)
-
     @lifecycle_handler
-    def _arrived(self, event: LifecycleEvent, request: Request) -> None:
+    def _on_arrival(self, event: LifecycleEvent, request: Request) -> None:
+        """The request joins the scheduler's queue; an idle server fills its slot."""
+        # First: whatever follows, the next held arrival must be in the heap (an
+        # ignored arrival does the same in _ignore_or_fail).
+        self._arrivals.popped()
         request._pending = None
         rid = request.request_id
         self._scheduler.enqueue(
@@ -413,7 +410,7 @@ class EngineBase(ABC):
             )
         )
         self._processed_event_count += 1
-        self._event_log.append(self._env.now, event.sequence, _ARRIVAL, rid)
+        self._event_log.append(self._env._now, event.sequence, _ARRIVAL, rid)
         if self._is_idle():
             self._fill_free_slot()
 
@@ -464,6 +461,8 @@ class EngineBase(ABC):
 
     def _ignore_or_fail(self, event: LifecycleEvent) -> None:
         """Consume an event its request no longer waits for, if (and only if) authorized."""
+        if event.event_type is _ARRIVAL:
+            self._arrivals.popped()  # the next held arrival must be in the heap
         request = event.request
         rid = request.request_id
         if self._authorized.get(rid) is event and request.state is RequestState.CANCELLED:

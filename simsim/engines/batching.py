@@ -241,7 +241,7 @@ class BatchingEngine(EngineBase):
     @engine_work
     def _on_iteration_end(self, event: _IterationEvent) -> None:
         iteration = self._iteration
-        now = self._env.now
+        now = self._env._now
         if iteration is None or iteration.event is not event:
             if event in self._abandoned:
                 self._abandoned.discard(event)
@@ -331,9 +331,9 @@ class BatchingEngine(EngineBase):
         """
         now = self._env.now
         self._reserve_decode_blocks(now)
-        admitted = self._choose_heads(now)
-        new_slots = [slot for slot, _ in admitted]
-        slots = self._slots + new_slots
+        admitted = self._choose_heads(now) if len(self._scheduler) else []
+        new_slots = [slot for slot, _ in admitted] if admitted else []
+        slots = self._slots + new_slots if new_slots else self._slots
         if not slots:
             return
         participants, record = self._plan(now, slots, new_slots)
@@ -422,6 +422,7 @@ class BatchingEngine(EngineBase):
         error is raised before the admissions take effect.
         """
         participants: list[tuple[_Slot, int | None]] = []
+        first_decoders: list[_Slot] = []  # decoding for the first time since admission
         prefill_tokens = prefilling = decoding = 0
         if self._policy == "prefill_first":
             if new_slots:
@@ -435,6 +436,8 @@ class BatchingEngine(EngineBase):
                     if slot.request.state is _DECODING:
                         participants.append((slot, None))
                         decoding += 1
+                        if not slot.decoded:
+                            first_decoders.append(slot)
         else:
             assert self._max_batch_tokens is not None
             budget = self._max_batch_tokens - sum(
@@ -444,6 +447,8 @@ class BatchingEngine(EngineBase):
                 if slot.request.state is _DECODING:
                     participants.append((slot, None))
                     decoding += 1
+                    if not slot.decoded:
+                        first_decoders.append(slot)
                     continue
                 remaining = slot.target - slot.prefilled
                 chunk = min(remaining, budget)
@@ -456,7 +461,8 @@ class BatchingEngine(EngineBase):
         end = now + duration
         if end > MAX_TIME_US:
             raise time_overflow(end, f"the iteration from {now} us lasting {duration} us")
-        self._check_output_fits(participants, end, duration)
+        if first_decoders and duration:
+            self._check_output_fits(first_decoders, end, duration)
         record = IterationRecord(
             start_us=now,
             end_us=end,
@@ -478,30 +484,31 @@ class BatchingEngine(EngineBase):
         decoding: int,
     ) -> int:
         """The iteration's duration from the backend, every part checked before use."""
-        ids = [slot.request.request_id for slot, _ in participants]
-        who = f"request {ids[0]}" if len(ids) == 1 else f"requests {', '.join(map(str, ids))}"
-        subject = f"the iteration at {now} us ({who})"
+
+        def subject() -> str:  # for an error message only: built when one is raised
+            ids = [slot.request.request_id for slot, _ in participants]
+            who = f"request {ids[0]}" if len(ids) == 1 else f"requests {', '.join(map(str, ids))}"
+            return f"the iteration at {now} us ({who})"
+
         if self._iteration_us is None:
             return iteration_cost_us(
                 self._backend, prefill_tokens, prefilling, decoding, subject=subject
             )
         cost = self._iteration_us(prefill_tokens, prefilling, decoding)
+        if type(cost) is int and cost >= 0:
+            return cost
         return check_duration_us(cost, "iteration_us", subject)
 
-    def _check_output_fits(
-        self, participants: list[tuple[_Slot, int | None]], end: int, duration: int
-    ) -> None:
-        """Refuse a decoding request whose output limit, at this pace, ends past 2**63 - 1.
+    def _check_output_fits(self, first_decoders: list[_Slot], end: int, duration: int) -> None:
+        """Refuse a request whose output limit, at this pace, would end past 2**63 - 1.
 
-        Without this a request with an absurd output limit would be stepped through one
-        iteration at a time until the clock overflowed, which no run lives to see.
+        Checked when a request decodes for the first time since its admission (the
+        launch that prices its first decode iteration). Without this a request with an
+        absurd output limit would be stepped through one iteration at a time until the
+        clock overflowed, which no run lives to see.
         """
-        if duration == 0:
-            return
-        for slot, chunk in participants:
+        for slot in first_decoders:
             request = slot.request
-            if chunk is not None:
-                continue
             left = request.max_output_tokens - request.generated_token_count - 1
             if left > (MAX_TIME_US - end) // duration:
                 raise OverflowError(
