@@ -24,7 +24,14 @@ import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
-from simsim.sweeps.runner import Model, Runner, RunRecord, ScenarioSource, resolve_source
+from simsim.sweeps.runner import (
+    Model,
+    Runner,
+    RunOptions,
+    RunRecord,
+    ScenarioSource,
+    resolve_source,
+)
 from simsim.sweeps.stats import mean_interval, metric_range
 from simsim.sweeps.sweep import check_confidence, check_replications, runs_frame
 
@@ -285,14 +292,9 @@ def capacity_search(
         replications=replications,
         max_replications=max_replications,
         confidence=confidence,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        ttft_slo_us=ttft_slo_us,
-        tpot_slo_us=tpot_slo_us,
-        percentiles=percentiles,
-        out=out,
-        progress=progress,
+        options=RunOptions(
+            seed, executor, workers, ttft_slo_us, tpot_slo_us, percentiles, out, progress
+        ),
     )
     return searches.results[0]
 
@@ -329,14 +331,7 @@ def run_searches(
     replications: int,
     max_replications: int,
     confidence: float,
-    seed: int,
-    executor: concurrent.futures.Executor | None,
-    workers: int | None,
-    ttft_slo_us: int | None,
-    tpot_slo_us: float | None,
-    percentiles: Sequence[float],
-    out: str | os.PathLike[str] | None,
-    progress: Callable[[int, int], None] | None,
+    options: RunOptions,
 ) -> Searches:
     """One capacity search per configuration, on one :class:`Runner` (and folder).
 
@@ -346,17 +341,7 @@ def run_searches(
     """
     results: list[CapacityResult] = []
     records: list[RunRecord] = []
-    with Runner(
-        source,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        ttft_slo_us=ttft_slo_us,
-        tpot_slo_us=tpot_slo_us,
-        percentiles=percentiles,
-        out=out,
-        progress=progress,
-    ) as runner:
+    with Runner(source, options) as runner:
         for configuration in configurations:
             found, runs = search(
                 runner,

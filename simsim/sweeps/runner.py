@@ -29,6 +29,7 @@ from simsim.workloads import check_seed
 
 __all__ = [
     "Model",
+    "RunOptions",
     "RunRecord",
     "Runner",
     "ScenarioSource",
@@ -283,6 +284,21 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(partial, path)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a sweep's runs are made: the arguments :func:`simsim.sweep`,
+    :func:`simsim.capacity_search` and sweep files share (see :func:`simsim.sweep`)."""
+
+    seed: int = 0
+    executor: concurrent.futures.Executor | None = None
+    workers: int | None = None
+    ttft_slo_us: int | None = None
+    tpot_slo_us: float | None = None
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES
+    out: str | os.PathLike[str] | None = None
+    progress: ProgressCallback | None = None
+
+
 class Runner:
     """Runs (point, replication) pairs through an executor and collects their records.
 
@@ -292,19 +308,10 @@ class Runner:
     number of CPUs) on first use and shuts it down in :meth:`close`.
     """
 
-    def __init__(
-        self,
-        source: ScenarioSource,
-        *,
-        seed: int,
-        executor: concurrent.futures.Executor | None = None,
-        workers: int | None = None,
-        ttft_slo_us: int | None = None,
-        tpot_slo_us: float | None = None,
-        percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-        out: str | os.PathLike[str] | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> None:
+    def __init__(self, source: ScenarioSource, options: RunOptions) -> None:
+        seed, executor, workers = options.seed, options.executor, options.workers
+        ttft_slo_us, tpot_slo_us = options.ttft_slo_us, options.tpot_slo_us
+        percentiles, out, progress = options.percentiles, options.out, options.progress
         if workers is not None:
             if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
                 raise ValueError(f"workers must be a positive int, got {workers!r}")

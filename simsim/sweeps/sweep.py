@@ -18,6 +18,7 @@ from simsim.sweeps.runner import (
     MANIFEST,
     Model,
     Runner,
+    RunOptions,
     RunRecord,
     ScenarioSource,
     resolve_source,
@@ -222,17 +223,10 @@ def sweep(
     for point in points:
         source.check(point)
     pairs = [(point, r) for point in points for r in range(replications)]
-    with Runner(
-        source,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        ttft_slo_us=ttft_slo_us,
-        tpot_slo_us=tpot_slo_us,
-        percentiles=percentiles,
-        out=out,
-        progress=progress,
-    ) as runner:
+    options = RunOptions(
+        seed, executor, workers, ttft_slo_us, tpot_slo_us, percentiles, out, progress
+    )
+    with Runner(source, options) as runner:
         runner.expect(len(pairs))
         records = runner.run(pairs)
     result = make_result(

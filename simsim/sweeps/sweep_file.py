@@ -14,6 +14,7 @@ import pandas as pd
 
 from simsim.sweeps.capacity import SearchBounds, capacity_frame, points_of, run_searches
 from simsim.sweeps.grid import Case, expand_grid
+from simsim.sweeps.runner import RunOptions
 from simsim.sweeps.spec import SweepSpec
 from simsim.sweeps.sweep import SweepResult, make_result, sweep, write_tables
 
@@ -72,14 +73,16 @@ def run_sweep(
         replications=spec.replications,
         max_replications=capacity.max_replications,
         confidence=spec.confidence,
-        seed=spec.seed,
-        executor=executor,
-        workers=workers,
-        ttft_slo_us=spec.ttft_slo_us,
-        tpot_slo_us=spec.tpot_slo_us,
-        percentiles=spec.percentiles,
-        out=out,
-        progress=progress,
+        options=RunOptions(
+            seed=spec.seed,
+            executor=executor,
+            workers=workers,
+            ttft_slo_us=spec.ttft_slo_us,
+            tpot_slo_us=spec.tpot_slo_us,
+            percentiles=spec.percentiles,
+            out=out,
+            progress=progress,
+        ),
     )
     result = make_result(
         searches.records,
