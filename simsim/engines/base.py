@@ -116,9 +116,11 @@ def lifecycle_handler(
 class EngineBase(ABC):
     """Shared machinery of simsim's servers; use a concrete engine instead.
 
-    A server provides three hooks (a subclass that lacks one cannot be built):
-    :meth:`_is_idle`, :meth:`_admit` and :meth:`_cancel_active`; it may refine
-    :meth:`_check_admissible` and :meth:`_fill_free_slot`.
+    A server provides :attr:`max_active_requests` and three hooks (a subclass that
+    lacks one cannot be built): :meth:`_is_idle`, :meth:`_admit` and
+    :meth:`_cancel_active`; it may refine :meth:`_check_admissible` and
+    :meth:`_fill_free_slot`. Its event callbacks are written with
+    :func:`lifecycle_handler` (a request's event) or :func:`engine_work` (any other).
     """
 
     def __init__(
