@@ -4,7 +4,7 @@ Time is an integer number of microseconds. All figures are simulated behaviour f
 analytical cost model, never measured hardware performance.
 """
 
-from simsim import sweeps, traces, workloads
+from simsim import run_folder, sweeps, traces, workloads
 from simsim._version import __version__
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
 from simsim.clock import Environment, ms_to_us, seconds_to_us
@@ -65,6 +65,7 @@ __all__ = [
     "__version__",
     "capacity_search",
     "ms_to_us",
+    "run_folder",
     "seconds_to_us",
     "summarize",
     "sweep",

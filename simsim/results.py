@@ -135,7 +135,7 @@ def admissions_frame(log: AdmissionLog) -> pd.DataFrame:
 def summarize(
     requests: pd.DataFrame,
     *,
-    ttft_slo_us: int | None = None,
+    ttft_slo_us: float | None = None,
     tpot_slo_us: float | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     slots: int | None = None,
@@ -194,7 +194,7 @@ def summarize(
     labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
     slot_count = None if slots is None else check_count(slots, "slots", minimum=1)
     if ttft_slo_us is not None:
-        ttft_slo_us = check_time_us(ttft_slo_us, "ttft_slo_us")
+        ttft_slo_us = _non_negative_real(ttft_slo_us, "ttft_slo_us")
     if tpot_slo_us is not None:
         tpot_slo_us = _non_negative_real(tpot_slo_us, "tpot_slo_us")
     start_us, end_us, selected = _window(requests, warmup_us, until_us)

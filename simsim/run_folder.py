@@ -92,6 +92,9 @@ def write_run_folder(
     if unknown:
         raise ValueError(f"unknown run tables {unknown}; a run folder holds {RUN_TABLES}")
     folder = Path(folder)
+    # An earlier run's manifest goes first: until the new one is written, the folder
+    # has none, so a write that fails half-way never passes for a complete run.
+    (folder / MANIFEST).unlink(missing_ok=True)
     # Tables of an earlier run that this one does not write would be read as its own.
     for name in RUN_TABLES:
         for other in FORMATS:

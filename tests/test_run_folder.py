@@ -71,3 +71,26 @@ def test_a_broken_manifest_is_named(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text("{not json")
     with pytest.raises(ValueError, match="is not a simsim run manifest"):
         read_run_folder(tmp_path)
+
+
+def test_a_rewrite_that_fails_half_way_leaves_no_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames = batching_frames()
+    write_run_folder(tmp_path, frames)
+    assert (tmp_path / MANIFEST).is_file()
+
+    def disk_full(self: pd.DataFrame, *args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_run_folder(tmp_path, frames)
+    assert not (tmp_path / MANIFEST).exists()  # so the folder never passes for complete
+
+
+def test_summarize_slo_targets_may_be_floats_as_before() -> None:
+    frame = batching_frames()["requests"]
+    with_float = simsim.summarize(frame, ttft_slo_us=1500.0)
+    with_int = simsim.summarize(frame, ttft_slo_us=1500)
+    pd.testing.assert_frame_equal(with_float, with_int)
