@@ -284,6 +284,22 @@ class Environment(simpy.Environment):
         queue = self._queue
         return bool(queue) and queue[0][0] == self._now
 
+    def events_due_now(self) -> list[Any]:
+        """Every event still pending at the current time, in no particular order.
+
+        They are the heap's entries at ``now``, which (no entry being earlier) form a
+        subtree from its root; finding them costs their number, not the heap's size.
+        """
+        queue, now = self._queue, self._now
+        found = []
+        stack = [0]
+        while stack:
+            index = stack.pop()
+            if index < len(queue) and queue[index][0] == now:
+                found.append(queue[index][3])
+                stack.extend((2 * index + 1, 2 * index + 2))
+        return found
+
     def reserve_sequences(self, count_: int) -> int:
         """Set aside *count_* consecutive sequence numbers and return the first.
 

@@ -12,6 +12,7 @@ from collections.abc import Generator
 import pandas as pd
 import pytest
 import simpy
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -288,3 +289,76 @@ def test_an_output_limit_just_inside_the_clock_still_runs(kind: str) -> None:
         assert request.finish_time_us == 100 + 10 * tokens
     else:
         assert request.state is simsim.RequestState.DECODING
+
+
+def test_a_cancelled_requests_pending_step_counts_as_work_due_on_both_engines() -> None:
+    # Request 0 is cancelled at 50 while prefilling: the full engine keeps its ignored
+    # PREFILL_COMPLETE at 100, the fast engine its work event at 130. Cancelling 1 at
+    # 100 must leave admission to the boundary on both (the full engine's event at 100
+    # is pending), so 2, cancelled next, is never admitted.
+    workload = [(0, 0, 3), (1, 0, 0), (2, 0, 1)]
+    plan = [(50, [0]), (100, [1, 2])]
+    full = drive("full", workload, plan)
+    fast = drive("fast", workload, plan)
+    pd.testing.assert_frame_equal(fast.requests_frame(), full.requests_frame())
+    assert [(a.timestamp_us, a.request_id) for a in full.admission_log] == [(0, 0), (50, 1)]
+    assert list(fast.admission_log) == list(full.admission_log)
+
+
+@st.composite
+def mixed_cost_scenarios(
+    draw: st.DrawFn,
+) -> tuple[simsim.SimulatedBackendConfig, Workload, Plan]:
+    """Costs and stop times on a 10 us grid (now and then off it), several stops, and
+    several cancellations at each: cancelled requests' pending steps then often fall
+    on a later stop."""
+    prefill, per_token, decode = draw(
+        st.sampled_from([(100, 0, 10), (0, 0, 10), (100, 10, 10), (5, 1, 1), (0, 0, 0)])
+    )
+    config = simsim.SimulatedBackendConfig(
+        prefill_base_us=prefill,
+        prefill_per_token_us=per_token,
+        prefill_per_active_sequence_us=0,
+        decode_base_us=decode,
+        decode_per_active_sequence_us=0,
+    )
+    count = draw(st.integers(2, 6))
+    workload = [
+        (
+            draw(st.sampled_from([0, 1, 2, 10, 50])),
+            draw(st.sampled_from([0, 0, 3])),
+            draw(st.integers(0, 4)),
+        )
+        for _ in range(count)
+    ]
+    times = draw(
+        st.lists(st.integers(1, 30).map(lambda t: 10 * t) | st.integers(1, 300), max_size=4)
+    )
+    plan = [
+        (at, draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=3)))
+        for at in sorted(set(times))
+    ]
+    return config, workload, plan
+
+
+@settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
+@given(mixed_cost_scenarios())
+def test_fast_and_full_engines_agree_on_cancellations_between_timestamps(
+    scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan],
+) -> None:
+    config, workload, plan = scenario
+    tables = []
+    for engine_class in (simsim.SimulationEngine, simsim.FastSimulationEngine):
+        engine = engine_class(simsim.SimulatedBackend(config))
+        for rid, (arrival, prompt, output) in enumerate(workload):
+            engine.submit(simsim.Request(rid, arrival, prompt, output))
+        for at, victims in plan:
+            if at > engine.now_us:
+                engine.env.run(until=at)
+            for rid in victims:
+                if not engine.requests[rid].is_terminal:
+                    engine.cancel_request(rid)
+        engine.run()
+        tables.append((engine.requests_frame(), list(engine.admission_log)))
+    pd.testing.assert_frame_equal(tables[1][0], tables[0][0])
+    assert tables[1][1] == tables[0][1]

@@ -499,10 +499,15 @@ class EngineBase(ABC):
         nothing left at ``now``) the head is admitted at once without moving the clock.
         """
         env = self._env
-        if env.processing or self._boundary_pending or env.event_due_now():
+        if env.processing or self._boundary_pending or self._work_due_now():
             self._request_boundary()
             return
         self._admit_between_timestamps()
+
+    def _work_due_now(self) -> bool:
+        """Whether any event is still pending at ``now`` (a server that keeps its work
+        in fewer events than the full model answers for the events it skips)."""
+        return self._env.event_due_now()
 
     @engine_work
     def _admit_between_timestamps(self) -> None:

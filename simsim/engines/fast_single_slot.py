@@ -14,8 +14,10 @@ result frames, and when the request is cancelled. When nothing else happens at a
 timestamp, the free slot is filled directly instead of through a boundary event.
 
 Cancellations between timestamps give the full engine's request table and admission
-log, also right after ``env.run(until=T)`` stopped the clock where a skipped step ends
-at ``T`` (see :meth:`FastSimulationEngine._skipped_step_due_now`).
+log, also right after ``env.run(until=T)``: whether the freed slot is filled at once or
+at the boundary depends on what is pending at ``T``, and the engine answers that for
+the full engine's events, the ones it skips included (see
+:meth:`FastSimulationEngine._work_due_now`).
 
 What differs from the full engine, by design:
 
@@ -77,6 +79,10 @@ class FastSimulationEngine(SimulationEngine):
         self._prefill_end_us = 0
         self._step_us = 0
         self._done_callbacks = (self._on_work_done,)
+        # Cancelled requests: the work events left in the heap (the full engine has
+        # none at their times) and the times of the full engine's events instead.
+        self._dead: set[LifecycleEvent] = set()
+        self._ghosts: list[int] = []
 
     # ------------------------------------------------------------------ observation
 
@@ -180,6 +186,7 @@ class FastSimulationEngine(SimulationEngine):
         try:
             request = event.request
             if request._pending is not event:
+                self._dead.discard(event)
                 self._ignore_or_fail(event)
                 return
             now = self._env._now
@@ -209,35 +216,39 @@ class FastSimulationEngine(SimulationEngine):
 
     def _cancel_active(self, request: Request, now: int) -> None:
         self._catch_up()
-        if len(self._scheduler) and self._skipped_step_due_now():
-            # The full engine still has this request's event at now in the heap, so
-            # the freed slot waits for the boundary at now: do the same.
-            self._request_boundary()
+        pending = request._pending
+        if pending is not None and pending.event_type is _COMPLETE:
+            # Its one work event stays in the heap, at the work's end; the full engine's
+            # outstanding event for it (its next prefill or decode step) is elsewhere.
+            self._dead.add(pending)
+            self._ghosts.append(self._full_engine_event_us(request))
         super()._cancel_active(request, now)
 
-    def _skipped_step_due_now(self) -> bool:
-        """Whether a step of the active request that this engine skips ends at ``now``
-        and has not happened yet (``run(until=now)`` stopped the clock before it).
+    def _full_engine_event_us(self, request: Request) -> int:
+        """When the full engine's outstanding event for the active *request* comes up.
 
-        The full engine has an event for that step in the heap at ``now``; a
-        cancellation between timestamps then leaves admission to the boundary at
-        ``now`` instead of admitting at once.
+        Called after :meth:`_catch_up`: a request still prefilling waits for its
+        ``PREFILL_COMPLETE``, a decoding one for its next token's step.
+        """
+        prefill_end = self._prefill_end_us
+        if request.state is _PREFILLING:
+            return prefill_end
+        return prefill_end + (request.generated_token_count + 1) * self._step_us
+
+    def _work_due_now(self) -> bool:
+        """What the full engine would answer: is any of *its* events pending at ``now``?
+
+        The heap's own events at ``now``, less the work events of cancelled requests
+        (the full engine has no such event), plus the events the full engine still has
+        for cancelled requests (their next step) at ``now``: those are pending only
+        right after ``run(until=now)`` stopped the clock, before any event of ``now``.
         """
         env = self._env
-        request = self._active
-        if request is None or not env.stopped_before_now:
-            return False
-        pending = request._pending
-        if pending is None or pending.event_type is _PREFILL:
-            return False  # the prefill's own event is real (zero cost): in the heap
-        since_prefill_end = env.now - self._prefill_end_us
-        if since_prefill_end < 0:
-            return False
-        if since_prefill_end == 0:
-            return True  # the full engine's PREFILL_COMPLETE
-        step = self._step_us
-        return (
-            step > 0
-            and since_prefill_end % step == 0
-            and since_prefill_end // step <= request.max_output_tokens
-        )
+        now = env.now
+        stopped = env.stopped_before_now
+        # Keep the full engine's events that have not come up yet.
+        self._ghosts = [at for at in self._ghosts if at > now or (at == now and stopped)]
+        if now in self._ghosts:
+            return True
+        dead = self._dead
+        return any(event not in dead for event in env.events_due_now())
