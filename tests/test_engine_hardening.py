@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simsim
+from simsim.scenario import parse_scenario, run_scenario
 
 # Costs on a 10 us grid, so that stop times often fall exactly on a step's end.
 GRID_CONFIG = simsim.SimulatedBackendConfig(
@@ -362,3 +363,59 @@ def test_fast_and_full_engines_agree_on_cancellations_between_timestamps(
         tables.append((engine.requests_frame(), list(engine.admission_log)))
     pd.testing.assert_frame_equal(tables[1][0], tables[0][0])
     assert tables[1][1] == tables[0][1]
+
+
+def test_scenario_cancellations_at_step_ends_give_the_same_table_on_the_fast_engine() -> None:
+    # A scenario's cancellations are timeouts set up before the run, so on the full
+    # engine they come before any step ending at their microsecond; the fast engine's
+    # tie rule agrees. Prefill ends at 100, steps at 110, 120, ...; one cancellation
+    # on each kind of tie: a prefill's end, a middle step, a last step.
+    document = {
+        "backend": {"prefill_base_us": 100, "decode_base_us": 10},
+        "requests": [
+            {
+                "request_id": rid,
+                "arrival_time_us": 0,
+                "prompt_token_count": 0,
+                "max_output_tokens": 3,
+            }
+            for rid in range(4)
+        ],
+        "cancellations": [
+            {"time_us": 110, "request_id": 0},  # its first token's step
+            {"time_us": 230, "request_id": 1},  # admitted at 110: prefill ends at 210
+            {"time_us": 250, "request_id": 2},  # admitted at 230: prefill ends at 330
+            {"time_us": 360, "request_id": 2},  # its last step (330 + 3 * 10)
+        ],
+    }
+    tables = {}
+    for engine in ("single_slot", "single_slot_fast"):
+        scenario = parse_scenario({**document, "scenario": {"engine": engine}})
+        tables[engine] = run_scenario(scenario).requests_frame()
+    pd.testing.assert_frame_equal(tables["single_slot_fast"], tables["single_slot"])
+    assert tables["single_slot"]["generated_token_count"].tolist() == [0, 1, 0, 3]
+
+
+def test_batching_does_not_refuse_a_limit_that_fits_at_the_cheapest_decode_pace() -> None:
+    # Request 0's first decode iteration also prefills request 1's 5,000 tokens (5e9
+    # us); later iterations decode alone at 1 us each, so 10**13 tokens fit. Only a
+    # bound every later iteration must meet (decode_base_us + per sequence) may refuse.
+    costs = simsim.SimulatedBackendConfig(
+        prefill_base_us=0,
+        prefill_per_token_us=10**6,
+        prefill_per_active_sequence_us=0,
+        decode_base_us=1,
+        decode_per_active_sequence_us=0,
+    )
+    engine = simsim.BatchingEngine(
+        simsim.SimulatedBackend(costs),
+        max_active_requests=4,
+        max_batch_tokens=10_000,
+        policy="mixed",
+    )
+    engine.submit(simsim.Request(0, 0, 1, 10**13))
+    engine.submit(simsim.Request(1, 1, 5_000, 1))
+    for _ in range(6):
+        engine.run_next_timestamp()
+    assert not engine.failed
+    assert engine.requests[0].generated_token_count == 3

@@ -171,26 +171,45 @@ def test_progress_is_worked_out_between_timestamps() -> None:
     assert engine.requests[1].admit_time_us == 140
 
 
-def test_cancellation_inside_the_simulation_counts_a_step_ending_that_microsecond() -> None:
-    # The rule where the fast engine cannot match the full one exactly: a cancellation
-    # made by a process at the very microsecond a skipped step ends counts that step.
-    # In the full engine it counts only if the step's event came first in the heap;
-    # here the process's timeout was scheduled first, so the full engine does not.
-    def build(make: EngineFactory) -> simsim.SimulationEngine:
-        engine = make(costs())
-        engine.submit(simsim.Request(0, 0, 10, 5))  # tokens at 130, 140, 150, ...
+def cancel_in_simulation(make: EngineFactory, waits_us: tuple[int, ...]) -> simsim.SimulationEngine:
+    """Request 0 makes tokens at 130, 140, 150, ...; a process cancels it after *waits_us*."""
+    engine = make(costs())
+    engine.submit(simsim.Request(0, 0, 10, 5))
 
-        def canceller(env: simsim.Environment) -> Generator[simpy.Event, object, None]:
-            yield env.timeout(140)
-            engine.cancel_request(0)
+    def canceller(env: simsim.Environment) -> Generator[simpy.Event, object, None]:
+        for wait in waits_us:
+            yield env.timeout(wait)
+        engine.cancel_request(0)
 
-        engine.env.process(canceller(engine.env))
-        engine.run()
-        return engine
+    engine.env.process(canceller(engine.env))
+    engine.run()
+    return engine
 
-    full, fast = build(simsim.SimulationEngine), build(simsim.FastSimulationEngine)
-    assert full.requests[0].generated_token_count == 1
-    assert fast.requests[0].generated_token_count == 2
+
+def test_a_cancellation_inside_the_simulation_wins_a_tie_with_a_skipped_step() -> None:
+    # The process's timeout to 140 was scheduled before the step ending at 140 (at 130),
+    # so on the full engine the cancellation comes first; the fast engine lets the
+    # cancellation win every tie with a step it skips, and agrees.
+    full, fast = (
+        cancel_in_simulation(make, (140,))
+        for make in (simsim.SimulationEngine, simsim.FastSimulationEngine)
+    )
+    for engine in (full, fast):
+        assert engine.requests[0].state is simsim.RequestState.CANCELLED
+        assert engine.requests[0].generated_token_count == 1
+        assert engine.requests[0].finish_time_us == 140
+
+
+def test_where_the_tie_rule_differs_from_the_full_engine() -> None:
+    # A cancelling event scheduled after the step's own (at 135, after the step ending at
+    # 140 was scheduled at 130) comes second on the full engine, which counts the step;
+    # the fast engine does not (docs/semantics.md, "The fast single slot").
+    full, fast = (
+        cancel_in_simulation(make, (135, 5))
+        for make in (simsim.SimulationEngine, simsim.FastSimulationEngine)
+    )
+    assert full.requests[0].generated_token_count == 2
+    assert fast.requests[0].generated_token_count == 1
     for engine in (full, fast):
         assert engine.requests[0].state is simsim.RequestState.CANCELLED
         assert engine.requests[0].finish_time_us == 140

@@ -170,6 +170,16 @@ class BatchingEngine(EngineBase):
         if getattr(type(backend), "iteration_us", None) is SimulatedBackend.iteration_us:
             iteration_us = None
         self._iteration_us = iteration_us if callable(iteration_us) else None
+        # A lower bound on every iteration a request decodes in, when it is known: with
+        # SimulatedBackend's own decode price, decode_base_us + per-sequence * 1.
+        self._decode_floor_us = 0
+        if (
+            self._iteration_us is None
+            and isinstance(backend, SimulatedBackend)
+            and type(backend).decode_step_us is SimulatedBackend.decode_step_us
+        ):
+            costs = backend.config
+            self._decode_floor_us = costs.decode_base_us + costs.decode_per_active_sequence_us
 
     # ------------------------------------------------------------------ accessors
 
@@ -328,11 +338,13 @@ class BatchingEngine(EngineBase):
         The iteration is planned and priced before any admitted request changes: if the
         backend's answer is refused, the heads the scheduler handed over stay
         ``WAITING`` (or ``PREEMPTED``) with no admission time, as on the single slot.
+        Step 2's block reservations and preemptions, and the scheduler's commits, have
+        happened by then and stand (the engine fails for good).
         """
         now = self._env.now
         self._reserve_decode_blocks(now)
         admitted = self._choose_heads(now) if len(self._scheduler) else []
-        new_slots = [slot for slot, _ in admitted] if admitted else []
+        new_slots = [slot for slot, _ in admitted]
         slots = self._slots + new_slots if new_slots else self._slots
         if not slots:
             return
@@ -461,8 +473,8 @@ class BatchingEngine(EngineBase):
         end = now + duration
         if end > MAX_TIME_US:
             raise time_overflow(end, f"the iteration from {now} us lasting {duration} us")
-        if first_decoders and duration:
-            self._check_output_fits(first_decoders, end, duration)
+        if first_decoders and self._decode_floor_us:
+            self._check_output_fits(first_decoders, end)
         record = IterationRecord(
             start_us=now,
             end_us=end,
@@ -499,22 +511,25 @@ class BatchingEngine(EngineBase):
             return cost
         return check_duration_us(cost, "iteration_us", subject)
 
-    def _check_output_fits(self, first_decoders: list[_Slot], end: int, duration: int) -> None:
-        """Refuse a request whose output limit, at this pace, would end past 2**63 - 1.
+    def _check_output_fits(self, first_decoders: list[_Slot], end: int) -> None:
+        """Refuse a request whose output limit must end past 2**63 - 1.
 
-        Checked when a request decodes for the first time since its admission (the
-        launch that prices its first decode iteration). Without this a request with an
-        absurd output limit would be stepped through one iteration at a time until the
-        clock overflowed, which no run lives to see.
+        Checked when a request decodes for the first time since its admission, with
+        :attr:`_decode_floor_us`, the least any later iteration it decodes in can cost
+        (so only with :class:`SimulatedBackend`'s own decode price). Without this a
+        request with an absurd output limit would be stepped through one iteration at a
+        time until the clock overflowed, which no run lives to see.
         """
+        floor = self._decode_floor_us
         for slot in first_decoders:
             request = slot.request
             left = request.max_output_tokens - request.generated_token_count - 1
-            if left > (MAX_TIME_US - end) // duration:
+            if left > (MAX_TIME_US - end) // floor:
                 raise OverflowError(
                     f"request {request.request_id}: {left} more output tokens (max_output_tokens "
-                    f"{request.max_output_tokens}) at {duration} us per iteration would end "
-                    f"past the 64-bit limit 2**63 - 1 (its iteration ends at {end} us)"
+                    f"{request.max_output_tokens}) at no less than {floor} us per iteration "
+                    f"(decode_base_us + decode_per_active_sequence_us) would end past the "
+                    f"64-bit limit 2**63 - 1 (its first decode iteration ends at {end} us)"
                 )
 
     # ------------------------------------------------------------------ cancellation

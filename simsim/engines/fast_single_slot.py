@@ -26,10 +26,12 @@ What differs from the full engine, by design:
 * the backend must price work from its arguments alone: one decode step is priced once
   per request, not once per token;
 * a cancellation from *inside* the simulation at the very microsecond a skipped step
-  ends counts that step (work ending at or before the cancellation's microsecond has
-  happened); the full engine counts it only if the step's event came first in the heap.
-  At the last step's microsecond the request may already be ``FINISHED`` here while
-  the full engine cancels it (``docs/semantics.md`` has the example);
+  ends wins the tie: the step has not happened. The full engine agrees when the
+  cancelling event was scheduled before that step's event was (as a timeout set up
+  earlier, like a scenario's cancellations and patience, always is) and counts the
+  step when it was scheduled after. The last step is a real event here, scheduled at
+  admission: a cancelling event scheduled later finds the request ``FINISHED`` while
+  the full engine cancels it (``docs/semantics.md`` has both examples);
 * a ``Request`` object a SimPy process holds is brought up to date only through the
   engine (``engine.requests``, stepping with ``run_next_timestamp()``), not while
   ``env.run()`` is driving.
@@ -87,14 +89,20 @@ class FastSimulationEngine(SimulationEngine):
     # ------------------------------------------------------------------ observation
 
     def _catch_up(self) -> None:
-        """Bring the active request's prefill and tokens up to the current time."""
+        """Bring the active request's prefill and tokens up to the current time.
+
+        Between timestamps, work ending at or before ``now`` has happened (every event
+        at ``now`` is done), unless ``run(until=now)`` has just stopped the clock before
+        any event of ``now``. From inside the simulation (a process or callback at
+        ``now``, reading ``requests`` or cancelling), skipped work ending at ``now`` has
+        not happened yet: the event being processed wins the tie.
+        """
         request = self._active
         if request is None:
             return
         env = self._env
-        # Work ending at or before now has happened (every event at now is done) --
-        # unless run(until=now) has just stopped the clock before any event of now.
-        now = env.now - 1 if env.stopped_before_now else env.now
+        before_now = env.stopped_before_now or env.processing
+        now = env.now - 1 if before_now else env.now
         prefill_end = self._prefill_end_us
         if now < prefill_end or request._pending.event_type is _PREFILL:
             return

@@ -26,6 +26,7 @@ from simsim.scenario.model import (
 from simsim.scenario.trace_table import parse_trace
 from simsim.scenario.workload_table import parse_workload
 from simsim.scheduler import FcfsScheduler
+from simsim.workloads import ClosedLoopWorkload
 
 __all__ = ["load_scenario", "parse_scenario"]
 
@@ -119,6 +120,16 @@ def parse_scenario(
         )
 
     batching = _parse_batching(check, data, engine)
+    if engine == "single_slot_fast" and isinstance(workload, ClosedLoopWorkload):
+        # Its users submit and cancel while the simulation runs, in an order that
+        # depends on which of two events at the same microsecond comes first, and the
+        # fast engine's events are not the full engine's: the tables would differ.
+        raise check.fail(
+            "workload.kind",
+            'closed_loop needs engine = "single_slot" (or "batching"): the fast engine gives '
+            "the full engine's request table only when every submission and cancellation "
+            "is set up before the run",
+        )
 
     cancellations: list[Cancellation] = []
     for index, row in enumerate(check.array_of_tables(data, "cancellations")):
