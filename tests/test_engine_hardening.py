@@ -337,9 +337,10 @@ def mixed_cost_scenarios(
         )
         for _ in range(count)
     ]
-    times = draw(
-        st.lists(st.integers(1, 30).map(lambda t: 10 * t) | st.integers(1, 300), max_size=4)
-    )
+    # Mostly the grid costs' prefill and step ends (a cancelled request's next step
+    # then often falls on a later stop), now and then anywhere.
+    ends = st.sampled_from([50, 100, 105, 110, 120, 150, 200, 210, 230])
+    times = draw(st.lists(ends | st.integers(1, 30).map(lambda t: 10 * t), max_size=4))
     plan = [
         (at, draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=3)))
         for at in sorted(set(times))
