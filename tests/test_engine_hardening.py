@@ -12,7 +12,7 @@ from collections.abc import Generator
 import pandas as pd
 import pytest
 import simpy
-from helpers import examples
+from helpers import examples, request_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -328,35 +328,36 @@ def mixed_cost_scenarios(
         decode_base_us=decode,
         decode_per_active_sequence_us=0,
     )
-    count = draw(st.integers(2, 6))
+    count = draw(st.integers(3, 6))
     workload = [
         (
-            draw(st.sampled_from([0, 1, 2, 10, 50])),
+            draw(st.sampled_from([0, 0, 1, 2, 10, 50])),
             draw(st.sampled_from([0, 0, 3])),
             draw(st.integers(0, 4)),
         )
         for _ in range(count)
     ]
-    # Mostly the grid costs' prefill and step ends (a cancelled request's next step
-    # then often falls on a later stop), now and then anywhere.
+    # Two to four stops, mostly at the grid costs' prefill and step ends, so that a
+    # request cancelled at one stop often has its next step at a later one.
     ends = st.sampled_from([50, 100, 105, 110, 120, 150, 200, 210, 230])
-    times = draw(st.lists(ends | st.integers(1, 30).map(lambda t: 10 * t), max_size=4))
-    plan = [
-        (at, draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=3)))
-        for at in sorted(set(times))
-    ]
+    times = draw(st.lists(ends | st.integers(1, 30).map(lambda t: 10 * t), min_size=2, max_size=4))
+    # Victims: mostly the first few requests, the ones likely to hold the slot or wait.
+    victim = st.integers(0, 2) | st.integers(0, count - 1)
+    plan = [(at, draw(st.lists(victim, min_size=1, max_size=3))) for at in sorted(set(times))]
     return config, workload, plan
 
 
-@settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(1000), deadline=None, derandomize=True, database=None)
 @given(mixed_cost_scenarios())
 def test_fast_and_full_engines_agree_on_cancellations_between_timestamps(
     scenario: tuple[simsim.SimulatedBackendConfig, Workload, Plan],
 ) -> None:
+    # Rows, not frames: the frame is computed from exactly these fields, and building
+    # two DataFrames per example would make the 1000 examples slow.
     config, workload, plan = scenario
     full = drive("full", workload, plan, config)
     fast = drive("fast", workload, plan, config)
-    pd.testing.assert_frame_equal(fast.requests_frame(), full.requests_frame())
+    assert request_table(fast) == request_table(full)
     assert list(fast.admission_log) == list(full.admission_log)
 
 
