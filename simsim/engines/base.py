@@ -161,6 +161,9 @@ class EngineBase(ABC):
         # (arrivals.HELD for an arrival not in the heap yet: see PendingArrivals)
         self._authorized: dict[int, object] = {}
         self._completions: dict[int, Event] = {}
+        # request id -> {token number -> the event token(rid, n) returned}; empty unless
+        # someone waits on a token, so the decode path pays one truth test.
+        self._token_waiters: dict[int, dict[int, Event]] = {}
         self._boundary_pending = False
         # Set when this timestamp's admission has run: run_next_timestamp() pauses there.
         self._admission_ran = False
@@ -390,6 +393,44 @@ class EngineBase(ABC):
             self._completions[rid] = event
         return event
 
+    def token(self, request_id: int, n: int) -> Event:
+        """A SimPy event for the request's *n*-th output token (``n >= 1``).
+
+        It succeeds with the :class:`Request` when the decode step that generates token
+        *n* completes, or, if the request ends with fewer than *n* tokens (it finished
+        at a smaller ``max_output_tokens`` or was cancelled), when it becomes terminal.
+        Tell the two apart with ``request.generated_token_count >= n``. For a token the
+        request already has, or a request already terminal, the event is born processed
+        and a ``yield`` resumes at once. Asking twice for the same token gives the same
+        event. Waiting changes nothing in the simulation: the request table and the
+        event log are those of a run nobody watched.
+        """
+        self._check_alive()
+        rid = check_count(request_id, "request_id")
+        number = check_count(n, "n", minimum=1)
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        self._check_token_events(request)
+        if request.generated_token_count >= number or request.is_terminal:
+            event = Event(self._env)
+            event._ok = True
+            event._value = request
+            event.callbacks = None  # type: ignore[assignment]
+            return event
+        waiters = self._token_waiters.setdefault(rid, {})
+        waiting = waiters.get(number)
+        if waiting is None:
+            waiting = waiters[number] = Event(self._env)
+        return waiting
+
+    def first_token(self, request_id: int) -> Event:
+        """``token(request_id, 1)``: the event of the request's first output token."""
+        return self.token(request_id, 1)
+
+    def _check_token_events(self, request: Request) -> None:  # noqa: B027 (optional hook)
+        """Refuse token events this server cannot give (hook; every token is an event)."""
+
     # ------------------------------------------------------------------ for subclasses
 
     def _check_admissible(self, request: Request) -> None:  # noqa: B027 (optional hook)
@@ -535,12 +576,26 @@ class EngineBase(ABC):
                 f"{decision.request_id}"
             )
 
+    def _notify_token(self, request: Request) -> None:
+        """The request has just generated a token: its waiter, if any, succeeds now."""
+        waiters = self._token_waiters.get(request.request_id)
+        if waiters:
+            event = waiters.pop(request.generated_token_count, None)
+            if event is not None:
+                event.succeed(request)
+
     def _notify_terminal(self, request: Request) -> None:
         completions = self._completions
         if completions:
             event = completions.get(request.request_id)
             if event is not None and event._value is PENDING:
                 event.succeed(request)
+        if self._token_waiters:
+            waiters = self._token_waiters.pop(request.request_id, None)
+            if waiters:
+                # Tokens that will never come, in token order.
+                for number in sorted(waiters):
+                    waiters[number].succeed(request)
 
 
 def queued_request(request: Request) -> QueuedRequest:

@@ -302,6 +302,8 @@ class BatchingEngine(EngineBase):
         if request.first_token_time_us is None:
             request.first_token_time_us = now
         self._log(now, _DECODE, request.request_id)
+        if self._token_waiters:
+            self._notify_token(request)
         if tokens == request.max_output_tokens:
             self._complete(slot, now)
 

@@ -212,6 +212,13 @@ class FastSimulationEngine(SimulationEngine):
             self._fail(error)
             raise
 
+    def _check_token_events(self, request: Request) -> None:
+        raise NotImplementedError(
+            f"request {request.request_id}: FastSimulationEngine does not generate tokens "
+            "one decode step at a time, so it has no token events; use SimulationEngine "
+            "(the same request table) to wait on tokens"
+        )
+
     def _fill_free_slot(self) -> None:
         # Called last in this engine's own event callbacks. If nothing else is due at
         # this time, the boundary would be the very next event: admit now instead,

@@ -146,6 +146,8 @@ class SimulationEngine(EngineBase):
             log.sequences.append(processed)
             log.types.append(_DECODE)
             log.request_ids.append(request.request_id)
+            if self._token_waiters:
+                self._notify_token(request)
         except BaseException as error:
             self._fail(error)
             raise
@@ -169,7 +171,7 @@ class SimulationEngine(EngineBase):
         self._active = None
         self._processed_event_count += 1
         self._event_log.append(now, sequence, _COMPLETE, request.request_id)
-        if self._completions:
+        if self._completions or self._token_waiters:
             self._notify_terminal(request)
         if len(self._scheduler):
             self._fill_free_slot()
