@@ -6,8 +6,10 @@ scenario (the built-in default when none is given), prints a summary table and w
 checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
 [--workers N | --dask ADDRESS]`` runs a sweep or capacity search file, writing each
 finished run at once so that running it again resumes. ``simsim plot DIR`` draws
-figures from a run's or a sweep's results folder. Exit status: 0 on success, 1 when a
-simulation fails, 2 for a bad scenario, sweep file or arguments.
+figures from a run's or a sweep's results folder. ``simsim serve [SCENARIO.toml]``
+serves the scenario's server as an OpenAI-compatible HTTP API whose timing comes from
+the simulation (``docs/serve.md``). Exit status: 0 on success, 1 when a simulation
+fails, 2 for a bad scenario, sweep file or arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +32,7 @@ import pandas as pd
 
 from simsim import __version__
 from simsim.engines import BatchingEngine
+from simsim.engines.base import EngineBase
 from simsim.errors import SimulationError
 from simsim.results import summarize
 from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
@@ -36,6 +41,7 @@ from simsim.scenario import (
     ScenarioError,
     check_scenario,
     default_scenario,
+    default_serve_scenario,
     load_scenario,
     run_scenario,
 )
@@ -114,6 +120,55 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run on a Dask cluster at ADDRESS (needs simsim[dask]); 'local' starts one here",
     )
 
+    serve = commands.add_parser(
+        "serve",
+        help="serve a scenario's server as an OpenAI-compatible HTTP API, in real time",
+        description="Serve the scenario's server (or a built-in batching server) over HTTP: "
+        "OpenAI's /v1/completions and /v1/chat/completions, /v1/models, /health and "
+        "/metrics, with timing from the simulation (docs/serve.md). Ctrl-C stops it.",
+    )
+    serve.add_argument(
+        "scenario", nargs="?", help="a scenario TOML file (default: a built-in batching server)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    serve.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="simulated seconds per wall second (default: %(default)s; 10 runs 10x faster)",
+    )
+    serve.add_argument("--model", default="simsim", help="the model name served")
+    serve.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context limit in tokens (default: the KV cache's capacity, else 8192)",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        help="answer 429 while this many requests wait (default: no limit)",
+    )
+    serve.add_argument(
+        "--retry-after", type=int, default=1, help="a 429's Retry-After, seconds (default: 1)"
+    )
+    serve.add_argument(
+        "--fail-rate",
+        type=float,
+        default=0.0,
+        help="fraction of valid completion requests answered with --fail-status (default: 0)",
+    )
+    serve.add_argument(
+        "--fail-status", type=int, default=500, help="HTTP status of an injected failure"
+    )
+    serve.add_argument("--fail-seed", type=int, default=0, help="seed of the failure draws")
+    serve.add_argument(
+        "--record", metavar="DIR", default=None, help="write the run's tables to DIR on shutdown"
+    )
+    serve.add_argument("--format", choices=FORMATS, default="csv", help="--record's file format")
+
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
     plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
     plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
@@ -130,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _validate(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "serve":
+            return _serve(args)
         return _plot(args)
     except ScenarioError as error:
         print(f"simsim: error: {error}", file=sys.stderr)
@@ -210,23 +267,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     wall_s = time.monotonic() - started
-    frames = {
-        "requests": engine.requests_frame(),
-        "events": engine.events_frame(),
-        "admissions": engine.admissions_frame(),
-    }
-    if isinstance(engine, BatchingEngine):
-        frames["iterations"] = engine.iterations_frame()
-    summary = summarize(frames["requests"], slots=engine.max_active_requests)
-    frames["summary"] = summary.reset_index()
-    try:
-        write_run_folder(
-            out, frames, format=args.format, scenario=scenario.name, seed=scenario.seed
-        )
-    except OSError as error:
-        reason = error.strerror or str(error)
-        where = error.filename or out
-        raise ScenarioError("--out", "", f"cannot write {where} ({reason})") from None
+    frames = _engine_tables(engine)
+    summary = frames["summary"].set_index("metric")
+    _write_tables("--out", out, frames, args.format, scenario)
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
@@ -242,6 +285,31 @@ def _run(args: argparse.Namespace) -> int:
     )
     print("All times are simulated from the cost model, not measured on hardware.")
     return 0
+
+
+def _engine_tables(engine: EngineBase) -> dict[str, pd.DataFrame]:
+    """The tables a results folder holds for *engine*'s run, the summary included."""
+    frames = {
+        "requests": engine.requests_frame(),
+        "events": engine.events_frame(),
+        "admissions": engine.admissions_frame(),
+    }
+    if isinstance(engine, BatchingEngine):
+        frames["iterations"] = engine.iterations_frame()
+    summary = summarize(frames["requests"], slots=engine.max_active_requests)
+    frames["summary"] = summary.reset_index()
+    return frames
+
+
+def _write_tables(
+    option: str, out: Path, frames: dict[str, pd.DataFrame], fmt: Any, scenario: Scenario
+) -> None:
+    try:
+        write_run_folder(out, frames, format=fmt, scenario=scenario.name, seed=scenario.seed)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        where = error.filename or out
+        raise ScenarioError(option, "", f"cannot write {where} ({reason})") from None
 
 
 # Each latency row of the run table: its column, its label, whom it covers (the rows
@@ -362,6 +430,120 @@ def _validate(args: argparse.Namespace) -> int:
         f"{_count(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
+
+
+# ServeOptions' fields and the options that set them, for error messages.
+_SERVE_OPTIONS = {
+    "model": "--model",
+    "max_model_len": "--max-model-len",
+    "max_waiting": "--max-waiting",
+    "retry_after_s": "--retry-after",
+    "fail_rate": "--fail-rate",
+    "fail_status": "--fail-status",
+}
+
+
+class _Terminated(Exception):
+    """SIGTERM reached ``simsim serve`` after uvicorn's clean shutdown."""
+
+
+def _serve(args: argparse.Namespace) -> int:
+    missing = [
+        name
+        for name in ("starlette", "uvicorn", "prometheus_client")
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        print(
+            f"simsim: error: serve needs {', '.join(missing)}: {_install('serve')}",
+            file=sys.stderr,
+        )
+        return 2
+    from simsim.live import LiveServer, ServeOptions, default_max_model_len, serving_engine
+
+    if args.scenario is None:
+        scenario = default_serve_scenario()
+    else:
+        scenario = load_scenario(args.scenario, require_requests=False)
+    if not (math.isfinite(args.speed) and args.speed > 0):
+        raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
+    if not 0 <= args.port <= 65535:
+        raise ScenarioError("--port", "", f"must be 0 to 65535, got {args.port}")
+    out = None
+    if args.record is not None:
+        out = _output_folder(args.record)
+        if is_sweep_folder(out):
+            raise ScenarioError(
+                "--record", "", f"{out} holds a sweep (it has sweep.json); give another folder"
+            )
+    engine = serving_engine(scenario)
+    max_model_len = args.max_model_len
+    if max_model_len is None:
+        max_model_len = default_max_model_len(engine)
+    try:
+        options = ServeOptions(
+            model=args.model,
+            max_model_len=max_model_len,
+            max_waiting=args.max_waiting,
+            retry_after_s=args.retry_after,
+            fail_rate=args.fail_rate,
+            fail_status=args.fail_status,
+            fail_seed=args.fail_seed,
+        )
+    except ValueError as error:
+        # ServeOptions names its field; the user typed the option.
+        field, _, rule = str(error).partition(" ")
+        raise ScenarioError(_SERVE_OPTIONS.get(field, field), "", rule) from None
+    try:
+        server = LiveServer(
+            engine, speed=args.speed, options=options, host=args.host, port=args.port
+        )
+    except OSError as error:
+        reason = error.strerror or str(error)
+        print(
+            f"simsim: error: cannot listen on {args.host}:{args.port} ({reason})", file=sys.stderr
+        )
+        return 1
+    if scenario.engine == "single_slot_fast":
+        print(
+            "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
+            "stream (same request table)",
+            file=sys.stderr,
+        )
+    if scenario.requests or scenario.workload is not None:
+        print(
+            f"simsim: {scenario.source}'s requests and workload are not used: clients send them",
+            file=sys.stderr,
+        )
+    print(
+        f"simsim serve: model {options.model!r} ({scenario.name}, engine "
+        f"{type(engine).__name__}) on {server.base_url} at speed {args.speed:g}; "
+        "times are simulated, not measured. Ctrl-C stops.",
+        flush=True,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Terminated):
+        pass  # uvicorn has shut down cleanly; it re-raises the signal that stopped it
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    requests = engine.requests_frame()
+    states = requests["state"].value_counts()
+    print(
+        f"served {len(requests)} requests ({states.get('FINISHED', 0)} finished, "
+        f"{states.get('CANCELLED', 0)} cancelled, "
+        f"{len(requests) - states.get('FINISHED', 0) - states.get('CANCELLED', 0)} unfinished) "
+        f"in {engine.env.now / 1e6:.3f} simulated seconds"
+    )
+    if out is not None:
+        _write_tables("--record", out, _engine_tables(engine), args.format, scenario)
+        print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
+    return 0
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ The package, one idea per module:
 from __future__ import annotations
 
 from simsim.scenario.checker import ScenarioError, TomlChecker, read_toml
-from simsim.scenario.defaults import default_scenario
+from simsim.scenario.defaults import default_scenario, default_serve_scenario
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
     ENGINES,
@@ -47,6 +47,7 @@ __all__ = [
     "Workload",
     "check_scenario",
     "default_scenario",
+    "default_serve_scenario",
     "load_scenario",
     "parse_scenario",
     "read_toml",

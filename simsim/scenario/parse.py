@@ -50,14 +50,22 @@ _REQUEST_KEYS = ("request_id", "arrival_time_us", "prompt_token_count", "max_out
 _CANCELLATION_KEYS = ("time_us", "request_id")
 
 
-def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
+def load_scenario(
+    path: str | Path, *, seed: int | None = None, require_requests: bool = True
+) -> Scenario:
     """Read and validate a TOML scenario file; *seed* overrides the file's seed.
 
     The file must give its costs in a ``[backend]`` table (zeros written out are fine).
+    Without *require_requests* (``simsim serve``, whose clients send the requests), a
+    file with no ``[[requests]]``, ``[trace]`` or ``[workload]`` is accepted.
     """
     path = Path(path)
     scenario = parse_scenario(
-        read_toml(path), source=str(path), base_dir=path.parent, require_backend=True
+        read_toml(path),
+        source=str(path),
+        base_dir=path.parent,
+        require_backend=True,
+        require_requests=require_requests,
     )
     return scenario if seed is None else scenario.with_seed(seed)
 
@@ -68,6 +76,7 @@ def parse_scenario(
     source: str = "<scenario>",
     base_dir: Path | None = None,
     require_backend: bool = False,
+    require_requests: bool = True,
 ) -> Scenario:
     """Validate an already-parsed TOML document and build the :class:`Scenario`.
 
@@ -114,7 +123,7 @@ def parse_scenario(
     if "workload" in data:
         workload = parse_workload(check, check.table(data, "workload", "workload"), base_dir)
 
-    if not specs and workload is None:
+    if require_requests and not specs and workload is None:
         raise ScenarioError(
             source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
         )

@@ -1,0 +1,372 @@
+"""The real-time driver: the only code in simsim that reads a wall clock.
+
+A :class:`LiveDriver` owns an engine and keeps its simulated clock on the wall clock:
+simulated time is the wall time since :meth:`LiveDriver.start`, in microseconds,
+multiplied by ``speed``. It runs inside an asyncio event loop (the HTTP server's) and
+never blocks it: it advances the simulation with ``env.run(until=t)`` only up to the
+current simulated time ``t``, and sets one loop timer for the next pending event.
+
+What happens when, in simulated time:
+
+* **A submission** first advances the simulation to now (every event before now is
+  processed; events *at* now are not), then submits a :class:`~simsim.Request` arriving
+  now. A cancellation does the same and then calls ``cancel_request``. Offline, the
+  same calls in the same order (``env.run(until=t)``, then submit or cancel) give the
+  same request table: :func:`replay` does exactly that.
+* **Events at time T** are processed when the simulated clock reaches ``T + 1``: the
+  timer is set for that microsecond, so a token generated at ``T`` reaches its client
+  one simulated microsecond plus the loop's latency later.
+
+Each submitted request gets a :class:`LiveRequest`: an asyncio queue of
+:class:`TokenUpdate` items, one per output token at the microsecond its decode step
+completes (from the engine's ``token(rid, n)`` events, waited on by one SimPy process
+per request), then ``None`` when the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol
+
+import simpy
+
+from simsim.engines import BatchingEngine, FastSimulationEngine
+from simsim.engines.base import EngineBase
+from simsim.errors import EngineFailedError
+from simsim.request import Request, RequestState
+
+__all__ = [
+    "DriverObserver",
+    "LiveAction",
+    "LiveDriver",
+    "LiveRequest",
+    "TokenUpdate",
+    "replay",
+]
+
+_WAITING = (RequestState.WAITING, RequestState.PREEMPTED)
+
+
+class TokenUpdate(NamedTuple):
+    """Output token *number* (from 1) of a request, generated at *time_us*."""
+
+    number: int
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAction:
+    """One thing the driver did to the engine, at simulated time *time_us*.
+
+    ``"submit"`` carries the request's sizes; ``"cancel"`` only its id. The list of a
+    served session's actions, replayed with :func:`replay`, reproduces its run.
+    """
+
+    time_us: int
+    kind: Literal["submit", "cancel"]
+    request_id: int
+    prompt_token_count: int = 0
+    max_output_tokens: int = 0
+
+
+class DriverObserver(Protocol):
+    """Told of each request's life as the simulation produces it (the metrics listen)."""
+
+    def request_submitted(self, request: Request) -> None:
+        """*request* was just submitted (it arrives now)."""
+
+    def token_generated(self, request: Request, update: TokenUpdate, gap_us: int | None) -> None:
+        """*request* generated a token; *gap_us* is the time since its previous one."""
+
+    def request_ended(self, request: Request) -> None:
+        """*request* is terminal (``FINISHED`` or ``CANCELLED``)."""
+
+
+class LiveRequest:
+    """A served request as the HTTP layer sees it: its tokens as they come, then its end.
+
+    ``updates`` yields a :class:`TokenUpdate` per output token and then ``None``; after
+    that, :attr:`request` (the engine's :class:`~simsim.Request`) is terminal and holds
+    every simulated time of the request.
+    """
+
+    __slots__ = ("request", "updates")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.updates: asyncio.Queue[TokenUpdate | None] = asyncio.Queue()
+
+    @property
+    def request_id(self) -> int:
+        """The request's id in the engine (the driver numbers them 0, 1, 2, ...)."""
+        return self.request.request_id
+
+
+class LiveDriver:
+    """Runs *engine* in real time, scaled by *speed*, inside the running asyncio loop.
+
+    *speed* is simulated seconds per wall second (10 runs ten times faster than real
+    time). The engine must be idle and fresh, on its own environment, and must give
+    token events (:class:`~simsim.FastSimulationEngine` does not: use
+    :class:`~simsim.SimulationEngine`, which gives the same request table).
+    """
+
+    def __init__(
+        self,
+        engine: EngineBase,
+        *,
+        speed: float = 1.0,
+        observer: DriverObserver | None = None,
+    ) -> None:
+        if isinstance(engine, FastSimulationEngine):
+            raise TypeError(
+                "FastSimulationEngine has no per-token events to stream; serve a "
+                "SimulationEngine instead (it gives the same request table)"
+            )
+        if not isinstance(engine, EngineBase):
+            raise TypeError(f"engine must be a simsim engine, got {type(engine).__name__}")
+        if engine.requests or engine.env.now != 0:
+            raise ValueError("the engine must be fresh: no requests, its clock at 0 us")
+        if isinstance(speed, bool) or not isinstance(speed, int | float):
+            raise TypeError(f"speed must be a positive number, got {speed!r}")
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a positive finite number, got {speed!r}")
+        self._engine = engine
+        self._env = engine.env
+        self._speed = float(speed)
+        self._us_per_second = self._speed * 1_000_000
+        self.observer = observer
+        """Told of each request's life as the simulation produces it; set before start."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._origin_s = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due_us = 0
+        self._next_id = 0
+        self._unfinished: dict[int, LiveRequest] = {}
+        self._actions: list[LiveAction] = []
+        self._failure: BaseException | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def engine(self) -> EngineBase:
+        """The engine being served."""
+        return self._engine
+
+    @property
+    def speed(self) -> float:
+        """Simulated seconds per wall second."""
+        return self._speed
+
+    @property
+    def actions(self) -> tuple[LiveAction, ...]:
+        """Every submission and cancellation so far, in the order they were made."""
+        return tuple(self._actions)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the engine, if one did."""
+        return self._failure
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` has run (and :meth:`stop` has not)."""
+        return self._loop is not None and not self._stopped
+
+    def now_us(self) -> int:
+        """The current simulated time: wall time since start times speed, in us."""
+        if self._loop is None:
+            return 0
+        elapsed_s = self._loop.time() - self._origin_s
+        return max(self._env.now, math.floor(elapsed_s * self._us_per_second))
+
+    def counts(self) -> tuple[int, int]:
+        """``(running, waiting)``: requests holding a slot, and queued or preempted ones."""
+        waiting = 0
+        for live in self._unfinished.values():
+            if live.request.state in _WAITING:
+                waiting += 1
+        return len(self._unfinished) - waiting, waiting
+
+    def kv_cache_usage(self) -> float | None:
+        """The fraction of KV blocks in use, or ``None`` for a server without a KV cache."""
+        engine = self._engine
+        if isinstance(engine, BatchingEngine) and engine.kv_cache is not None:
+            return engine.kv_blocks_in_use / engine.kv_cache.total_blocks
+        return None
+
+    # ------------------------------------------------------------------ driving
+
+    def start(self) -> None:
+        """Start the clock now; call from inside the running event loop."""
+        if self._loop is not None:
+            raise RuntimeError("the driver has already been started")
+        self._loop = asyncio.get_running_loop()
+        self._origin_s = self._loop.time()
+
+    def stop(self) -> None:
+        """Advance to now one last time and stop.
+
+        Unfinished requests stay as they are in the engine (the request table shows
+        them unfinished at the stop time); their update queues end with ``None``.
+        """
+        if self._stopped:
+            return
+        self._advance()
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # Streams of unfinished requests end now; their requests stay as they are.
+        for live in self._unfinished.values():
+            live.updates.put_nowait(None)
+
+    def submit(self, prompt_token_count: int, max_output_tokens: int) -> LiveRequest:
+        """Submit a request that arrives now; its id is the next number from 0.
+
+        Raises ``ValueError`` (or ``TypeError``) when the engine refuses the request, as
+        ``submit`` does (for instance a prompt that can never fit the KV cache); nothing
+        changes then. Raises :class:`~simsim.EngineFailedError` once the engine failed.
+        """
+        self._check_running()
+        self._advance()
+        if self._failure is not None:
+            raise EngineFailedError(f"the simulation stopped: {self._failure}")
+        now = self._env.now
+        request = Request(self._next_id, now, prompt_token_count, max_output_tokens)
+        self._engine.submit(request)
+        self._next_id += 1
+        live = LiveRequest(request)
+        self._unfinished[request.request_id] = live
+        self._actions.append(
+            LiveAction(now, "submit", request.request_id, prompt_token_count, max_output_tokens)
+        )
+        self._env.process(self._watch(live))
+        if self.observer is not None:
+            self.observer.request_submitted(request)
+        self._schedule()
+        return live
+
+    def cancel(self, request_id: int) -> bool:
+        """Cancel the request now, if it is not terminal yet; ``True`` if it was cancelled."""
+        if self._stopped or self._failure is not None:
+            return False
+        self._advance()
+        live = self._unfinished.get(request_id)
+        if live is None or live.request.is_terminal or self._failure is not None:
+            return False
+        self._engine.cancel_request(request_id)
+        self._actions.append(LiveAction(self._env.now, "cancel", request_id))
+        self._schedule()
+        return True
+
+    # ------------------------------------------------------------------ inside
+
+    def _check_running(self) -> None:
+        if self._loop is None:
+            raise RuntimeError("start() the driver inside the event loop first")
+        if self._stopped:
+            raise RuntimeError("the driver has been stopped")
+
+    def _watch(self, live: LiveRequest) -> Generator[simpy.Event, Any, None]:
+        """A SimPy process: passes each token of *live* to its queue, then the end."""
+        engine, env, observer = self._engine, self._env, self.observer
+        updates = live.updates
+        rid = live.request_id
+        number = 1
+        previous_us: int | None = None
+        while True:
+            request = yield engine.token(rid, number)
+            if request.generated_token_count < number:
+                break
+            now = env.now
+            update = TokenUpdate(number, now)
+            updates.put_nowait(update)
+            if observer is not None:
+                observer.token_generated(
+                    request, update, None if previous_us is None else now - previous_us
+                )
+            previous_us = now
+            number += 1
+        self._unfinished.pop(rid, None)
+        updates.put_nowait(None)
+        if observer is not None:
+            observer.request_ended(request)
+
+    def _advance(self, minimum_us: int = 0) -> None:
+        """Process every event before the current simulated time (at least *minimum_us*)."""
+        if self._stopped or self._failure is not None:
+            return
+        target = max(self.now_us(), minimum_us)
+        env = self._env
+        if target > env.now:
+            try:
+                env.run(until=target)
+            except Exception as error:  # the engine failed: every stream ends
+                self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        for live in self._unfinished.values():
+            live.updates.put_nowait(None)
+        self._unfinished.clear()
+
+    def _schedule(self) -> None:
+        """Set the loop timer for the microsecond after the next pending event."""
+        if self._stopped or self._failure is not None or self._loop is None:
+            return
+        at = self._env.next_event_time()
+        if at is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        due = at + 1
+        if self._timer is not None:
+            if self._timer_due_us == due:
+                return
+            self._timer.cancel()
+        self._timer_due_us = due
+        self._timer = self._loop.call_at(self._origin_s + due / self._us_per_second, self._tick)
+
+    def _tick(self) -> None:
+        # The loop may run a timer up to its clock's resolution early: the timer's own
+        # microsecond has come, whatever the float arithmetic says.
+        self._timer = None
+        self._advance(self._timer_due_us)
+        self._schedule()
+
+
+def replay(
+    actions: Iterable[LiveAction], engine: EngineBase, *, until_us: int | None = None
+) -> None:
+    """Apply a served session's *actions* to a fresh *engine*, offline.
+
+    Each action is preceded by ``env.run(until=its time)`` as the driver did; then the
+    engine runs to *until_us* (``env.run(until=until_us)``, the driver's last time) or,
+    without it, until nothing is pending. The engine's request table is then the
+    served run's.
+    """
+    env = engine.env
+    for action in actions:
+        if action.time_us > env.now:
+            env.run(until=action.time_us)
+        if action.kind == "submit":
+            engine.submit(
+                Request(
+                    action.request_id,
+                    action.time_us,
+                    action.prompt_token_count,
+                    action.max_output_tokens,
+                )
+            )
+        else:
+            engine.cancel_request(action.request_id)
+    if until_us is None:
+        engine.run()
+    elif until_us > env.now:
+        env.run(until=until_us)
