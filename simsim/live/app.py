@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import random
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -146,13 +145,11 @@ class _Server:
         self.metrics = metrics
         self.options = options
         self._failures = random.Random(options.fail_seed)
-        self._created = 0
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """The simulated clock starts with the server and stops with it."""
         self.driver.start()
-        self._created = int(time.time())
         try:
             yield
         finally:
@@ -169,7 +166,7 @@ class _Server:
         card = {
             "id": self.options.model,
             "object": "model",
-            "created": self._created,
+            "created": self.driver.unix_time(0),
             "owned_by": "simsim",
             "root": self.options.model,
             "parent": None,
@@ -231,8 +228,8 @@ class _Server:
             )
 
     def created(self, live: LiveRequest) -> int:
-        """A response's ``created``: the server's start (Unix seconds) plus its arrival."""
-        return self._created + live.request.arrival_time_us // 1_000_000
+        """A response's ``created``: the Unix second of the request's simulated arrival."""
+        return self.driver.unix_time(live.request.arrival_time_us)
 
 
 class _Served(Response):
@@ -272,6 +269,8 @@ class _Served(Response):
         while await live.updates.get() is not None:
             pass
         request = live.request
+        if request.state is RequestState.CANCELLED:
+            return  # its client went away: nobody to answer
         if request.state is not RequestState.FINISHED:
             error = _server_stopped(self._server)
             await _send_json(send, error.status, _error_body(error))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
@@ -142,6 +143,7 @@ class LiveDriver:
         """Told of each request's life as the simulation produces it; set before start."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin_s = 0.0
+        self._unix_origin_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due_us = 0
         self._next_id = 0
@@ -184,6 +186,10 @@ class LiveDriver:
         elapsed_s = self._loop.time() - self._origin_s
         return max(self._env.now, math.floor(elapsed_s * self._us_per_second))
 
+    def unix_time(self, time_us: int) -> int:
+        """The Unix time (whole seconds) of simulated time *time_us*: start + time / speed."""
+        return math.floor(self._unix_origin_s + time_us / self._us_per_second)
+
     def counts(self) -> tuple[int, int]:
         """``(running, waiting)``: requests holding a slot, and queued or preempted ones."""
         waiting = 0
@@ -207,6 +213,7 @@ class LiveDriver:
             raise RuntimeError("the driver has already been started")
         self._loop = asyncio.get_running_loop()
         self._origin_s = self._loop.time()
+        self._unix_origin_s = time.time()
 
     def stop(self) -> None:
         """Advance to now one last time and stop.
