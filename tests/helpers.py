@@ -193,6 +193,8 @@ class HeldStream:
         """Whether the final ``data: [DONE]`` was read."""
         self.request_id: int | None = None
         """The engine's id of the request, known from the first chunk."""
+        self.errors: list[dict[str, Any]] = []
+        """The error objects of error events (a stream the server ended early has one)."""
 
     def read(self, count: int) -> None:
         """Read *count* more token chunks; fail if the stream ends first."""
@@ -213,6 +215,9 @@ class HeldStream:
 
     def _take(self, payload: str) -> None:
         chunk = json.loads(payload)
+        if "error" in chunk:
+            self.errors.append(chunk["error"])
+            return
         self.request_id = engine_request_id(chunk["id"])
         self.chunks.append(chunk["choices"][0]["text"])
 
