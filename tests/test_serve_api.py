@@ -9,6 +9,7 @@ engine's request table; never how long anything took.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import socket
@@ -31,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import simsim
 from simsim import EventType
-from simsim.live import LiveServer, ServeOptions, count_text_tokens, serving_engine
+from simsim.live import LiveDriver, LiveServer, ServeOptions, count_text_tokens, serving_engine
 from simsim.scenario import default_serve_scenario
 
 MODEL = "simsim"
@@ -776,3 +777,83 @@ def test_connections_send_each_chunk_at_once() -> None:
             sock = connection.transport.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         stream.close()
+
+
+class _ManualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when the test says: no timer runs by itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_s = 0.0
+
+    def time(self) -> float:
+        return self.now_s
+
+
+def test_queue_counts_are_those_of_now_even_before_the_timer_runs() -> None:
+    """The 429 rule and the gauges count the queue at the current simulated time.
+
+    The driver's loop timer can run late (a busy loop runs it after other callbacks);
+    the counts must not show requests that have long left the queue by now.
+    """
+    loop = _ManualClockLoop()
+
+    async def scenario() -> list[tuple[int, int]]:
+        engine = simsim.SimulationEngine(serve_backend(10_000))
+        driver = LiveDriver(engine, speed=1)
+        driver.start()
+        driver.submit(4, 1)
+        driver.submit(4, 1)
+        seen = [driver.counts()]  # both arrive now: queued until the next microsecond
+        loop.now_s = 1.0  # one second later both are done; no timer has run yet
+        seen.append(driver.counts())
+        seen.append((engine.requests[0].state.value, engine.requests[1].state.value))
+        driver.stop()
+        return seen
+
+    try:
+        seen = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    finished = simsim.RequestState.FINISHED.value
+    assert seen == [(0, 2), (0, 0), (finished, finished)]
+
+
+class _BreakingBackend:
+    """A cost model that prices five decode steps and then raises, as a broken one would."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
+        return 1_000
+
+    def decode_step_us(self, active_sequence_count: int) -> int:
+        self.steps += 1
+        if self.steps > 5:
+            raise RuntimeError("the cost model broke")
+        return 50_000
+
+
+def test_a_failed_simulation_ends_streams_and_answers_500() -> None:
+    engine = simsim.SimulationEngine(_BreakingBackend())
+    with serving(engine, 20) as (server, http, stack):
+        stream = HeldStream(stack, http, server.base_url, prompt="x", max_tokens=20)
+        stream.read_to_end()
+        assert len(stream.chunks) < 20
+        assert [error["type"] for error in stream.errors] == ["server_error"]
+        assert "the cost model broke" in stream.errors[0]["message"]
+        health = http.get(f"{server.url}/health")
+        assert health.status_code == 500
+        assert "the cost model broke" in _error_of(health)["message"]
+        for path, body in (
+            ("/completions", {"model": MODEL, "prompt": "x"}),
+            ("/chat/completions", {"model": MODEL, "messages": _chat("x"), "stream": True}),
+        ):
+            refused = http.post(f"{server.base_url}{path}", json=body)
+            assert refused.status_code == 500
+            assert _error_of(refused)["type"] == "server_error"
+        assert http.get(f"{server.url}/metrics").status_code == 200
+    assert isinstance(server.driver.failure, RuntimeError)
+    assert engine.failed  # the refused requests were never submitted to it
+    assert [action.kind for action in server.actions] == ["submit"]
