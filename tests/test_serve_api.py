@@ -545,8 +545,10 @@ def test_a_full_queue_answers_429_with_retry_after() -> None:
         # Room again once the queued request leaves: the next one is accepted.
         queued.close()
         wait_for(lambda: len(server.actions) == 3, "the queued request to be cancelled")
+        # The stream returns once its headers came, after the request was submitted.
         accepted = HeldStream(stack, http, server.base_url, prompt="e", max_tokens=2000)
-        assert accepted.request_id is None  # its first chunk is not read: it waits
+        assert [action.kind for action in server.actions][-1:] == ["submit"]
+        assert accepted.request_id is None  # no chunk yet: it waits behind the first
         page = _samples(http.get(f"{server.url}/metrics").text)
         assert _metric(page, "simsim:rejected_requests_total", reason="queue_full") == 2
         running.close()

@@ -132,8 +132,8 @@ def test_sigterm_ends_open_streams_and_records_every_request(
         httpx.Client(timeout=30) as http,
         contextlib.ExitStack() as stack,
     ):
-        # 4000 tokens of 8.25 simulated ms at speed 50: far from done when cut off
-        cut = HeldStream(stack, http, url, prompt="cut me off", max_tokens=4000)
+        # 60000 tokens of 8.25 simulated ms at speed 50 (10 wall s): far from done
+        cut = HeldStream(stack, http, url, prompt="cut me off", max_tokens=60000)
         cut.read(2)
         cut.close()
 
@@ -146,7 +146,7 @@ def test_sigterm_ends_open_streams_and_records_every_request(
             )
 
         wait_for(aborted, "the closed stream's request to be cancelled")
-        left_open = HeldStream(stack, http, url, prompt="still going", max_tokens=4000)
+        left_open = HeldStream(stack, http, url, prompt="still going", max_tokens=60000)
         left_open.read(1)
         whole = http.post(f"{url}/completions", json={"model": MODEL, "prompt": "x"})
         assert whole.json()["usage"]["completion_tokens"] == 16
@@ -160,8 +160,8 @@ def test_sigterm_ends_open_streams_and_records_every_request(
     assert run.format == "parquet"
     requests = run.requests().sort_values("request_id")
     assert list(requests["state"]) == ["CANCELLED", "DECODING", "FINISHED"]
-    assert 2 <= requests["generated_token_count"].iloc[0] < 4000
-    assert len(left_open.chunks) <= requests["generated_token_count"].iloc[1] < 4000
+    assert 2 <= requests["generated_token_count"].iloc[0] < 60000
+    assert len(left_open.chunks) <= requests["generated_token_count"].iloc[1] < 60000
     _plot(record, capsys)
 
 

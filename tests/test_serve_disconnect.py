@@ -60,7 +60,7 @@ def _single_slot_slow() -> EngineBase:
 
 
 def _batching_small_kv() -> EngineBase:
-    # 12 blocks of 16 tokens: two requests of 80 prompt tokens fill it within 16 steps.
+    # 12 blocks of 16 tokens: two requests of 60 prompt tokens fill it in about 36 steps.
     return simsim.BatchingEngine(
         serve_backend(50_000),
         max_active_requests=4,
@@ -252,7 +252,8 @@ def test_a_disconnect_leaves_concurrent_requests_undisturbed() -> None:
 def test_single_slot_served_table_equals_offline_runs() -> None:
     engine = _single_slot()
     with serving(engine, SPEED) as (server, http, stack):
-        a = HeldStream(stack, http, server.base_url, prompt="first in line", max_tokens=40)
+        # 120 tokens, 300 wall ms: the queued requests wait all that time
+        a = HeldStream(stack, http, server.base_url, prompt="first in line", max_tokens=120)
         a.read(1)
         b = HeldStream(stack, http, server.base_url, prompt=[5] * 12, max_tokens=5)  # queued
         c = HeldStream(stack, http, server.base_url, prompt="third", max_tokens=5)  # queued
@@ -273,7 +274,7 @@ def test_single_slot_served_table_equals_offline_runs() -> None:
         RequestState.CANCELLED,
         RequestState.FINISHED,
     ]
-    assert (len(a.chunks), len(c.chunks), len(e.chunks)) == (40, 5, 3)
+    assert (len(a.chunks), len(c.chunks), len(e.chunks)) == (120, 5, 3)
     assert requests[1].admit_time_us is None
     assert requests[2].admit_time_us == requests[0].finish_time_us
     assert 2 <= requests[3].generated_token_count <= 2 + SLACK_TOKENS
@@ -285,11 +286,13 @@ def test_batching_with_preemption_served_table_equals_offline_runs() -> None:
     engine = _batching_small_kv()
     with serving(engine, SPEED) as (server, http, stack):
         big = [
-            HeldStream(stack, http, server.base_url, prompt=[7] * 80, max_tokens=60)
+            HeldStream(stack, http, server.base_url, prompt=[7] * 60, max_tokens=100)
             for _ in range(2)
         ]
         for stream in big:
-            stream.read(1)  # both hold 6 of the 12 blocks: the next block preempts one
+            # Both hold 4 blocks and grow a block every 16 tokens: the 12 blocks run
+            # out long before either is done (the first has 99 tokens, 250 ms, to go).
+            stream.read(1)
         cut = HeldStream(stack, http, server.base_url, prompt=[3] * 10, max_tokens=150)
         queued = HeldStream(stack, http, server.base_url, prompt=[4] * 10, max_tokens=20)
         queued.close()
@@ -301,7 +304,7 @@ def test_batching_with_preemption_served_table_equals_offline_runs() -> None:
             stream.read_to_end()
         late = HeldStream(stack, http, server.base_url, prompt=[1] * 30, max_tokens=40)
         late.read_to_end()
-    assert [len(stream.chunks) for stream in big] == [60, 60]
+    assert [len(stream.chunks) for stream in big] == [100, 100]
     assert len(late.chunks) == 40
     assert any(event == EventType.REQUEST_PREEMPTED for _, event, _ in _log(engine))
     states = [engine.requests[rid].state for rid in range(5)]
