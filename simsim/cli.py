@@ -469,13 +469,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:
         raise ScenarioError("--port", "", f"must be 0 to 65535, got {args.port}")
-    out = None
-    if args.record is not None:
-        out = _output_folder(args.record)
-        if is_sweep_folder(out):
-            raise ScenarioError(
-                "--record", "", f"{out} holds a sweep (it has sweep.json); give another folder"
-            )
+    if (
+        args.record is not None
+        and args.format == "parquet"
+        and importlib.util.find_spec("pyarrow") is None
+    ):
+        print(
+            f"simsim: error: --record with --format parquet needs pyarrow: {_install('parquet')}",
+            file=sys.stderr,
+        )
+        return 2
     engine = serving_engine(scenario)
     max_model_len = args.max_model_len
     if max_model_len is None:
@@ -494,6 +497,16 @@ def _serve(args: argparse.Namespace) -> int:
         # ServeOptions names its field; the user typed the option.
         field, _, rule = str(error).partition(" ")
         raise ScenarioError(_SERVE_OPTIONS.get(field, field), "", rule) from None
+    out = None
+    if args.record is not None:  # created only once every option is known to be good
+        try:
+            out = _output_folder(args.record)
+        except ScenarioError as error:  # it names --out, the option of 'simsim run'
+            raise ScenarioError("--record", "", error.rule) from None
+        if is_sweep_folder(out):
+            raise ScenarioError(
+                "--record", "", f"{out} holds a sweep (it has sweep.json); give another folder"
+            )
     try:
         server = LiveServer(
             engine, speed=args.speed, options=options, host=args.host, port=args.port

@@ -191,7 +191,14 @@ class LiveDriver:
         return math.floor(self._unix_origin_s + time_us / self._us_per_second)
 
     def counts(self) -> tuple[int, int]:
-        """``(running, waiting)``: requests holding a slot, and queued or preempted ones."""
+        """``(running, waiting)`` now: requests holding a slot, and queued or preempted ones.
+
+        It first advances the simulation to now, as :meth:`submit` does: the loop timer
+        may not have run yet (it runs late when the loop is busy), and a 429 or a
+        scrape must see the queue as it is at this simulated time, not as it was.
+        """
+        self._advance()
+        self._schedule()
         waiting = 0
         for live in self._unfinished.values():
             if live.request.state in _WAITING:

@@ -1,0 +1,332 @@
+"""``simsim serve`` on the command line.
+
+Two tests run the real command in a subprocess (``python -m simsim serve --port 0``),
+read the address from its first line, call it with the ``openai`` client, stop it with
+SIGINT or SIGTERM, and read the folder ``--record`` wrote with
+:func:`simsim.run_folder.read_run_folder` and ``simsim plot``. The others call
+:func:`simsim.cli.main` in this process with :meth:`LiveServer.run` replaced: by a
+stand-in that fails (options that must be refused before serving) or by one that
+serves a single request in the background and stops (a scenario file is served).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from helpers import HeldStream, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+from simsim.cli import main
+from simsim.live import LiveServer
+from simsim.run_folder import read_run_folder
+
+MODEL = "simsim"
+_ADDRESS = re.compile(r" on (http://127\.0\.0\.1:(\d+)/v1) at speed ")
+
+
+@contextlib.contextmanager
+def _serve_process(cwd: Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``simsim serve --port 0 --speed 50 *options*`` running; yields it and its base URL.
+
+    The process is killed on the way out if the test left it running.
+    """
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simsim", "serve", "--port", "0", "--speed", "50", *options],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "simsim serve printed nothing in 60 s"
+        first = process.stdout.readline()
+        match = _ADDRESS.search(first)
+        assert match, f"no address in the first line {first!r}"
+        yield process, match.group(1)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
+
+
+def _stop(process: subprocess.Popen[str], signum: int) -> tuple[str, str]:
+    """Send *signum*; return the rest of stdout and stderr once the process exited 0."""
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, (process.returncode, err)
+    assert "Traceback" not in err, err
+    return out, err
+
+
+def _plot(folder: Path, capsys: pytest.CaptureFixture[str]) -> list[Path]:
+    capsys.readouterr()
+    assert main(["plot", str(folder)]) == 0, capsys.readouterr().err
+    written = [Path(line) for line in capsys.readouterr().out.split()]
+    assert written
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    return written
+
+
+def test_sigint_stops_the_server_and_record_writes_a_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "served"
+    with _serve_process(tmp_path, "--record", str(record)) as (process, url):
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            first = client.completions.create(model=MODEL, prompt="Hello, world!", max_tokens=5)
+            second = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=7)
+            chunks = list(
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4,
+                    stream=True,
+                )
+            )
+        assert len(chunks) == 4
+        out, _ = _stop(process, signal.SIGINT)
+    assert "served 3 requests (3 finished, 0 cancelled, 0 unfinished)" in out
+    assert f"results in {record}/ (csv)" in out
+    run = read_run_folder(record)
+    assert run.format == "csv"
+    assert {"requests", "events", "admissions", "iterations", "summary"} <= set(run.tables)
+    assert (record / "run.json").is_file()
+    requests = run.requests().sort_values("request_id")
+    assert list(requests["state"]) == ["FINISHED"] * 3
+    assert list(requests["generated_token_count"]) == [5, 7, 4]
+    assert first.usage is not None and second.usage is not None
+    assert list(requests["prompt_token_count"]) == [
+        first.usage.prompt_tokens,
+        second.usage.prompt_tokens,
+        3,  # "user: hi\n"
+    ]
+    assert (requests["ttft_us"] > 0).all()
+    written = _plot(record, capsys)
+    assert record / "iterations.png" in written  # the built-in server batches
+
+
+def test_sigterm_ends_open_streams_and_records_every_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "served"
+    with (
+        _serve_process(tmp_path, "--record", str(record), "--format", "parquet") as (
+            process,
+            url,
+        ),
+        httpx.Client(timeout=30) as http,
+        contextlib.ExitStack() as stack,
+    ):
+        # 60000 tokens of 8.25 simulated ms at speed 50 (10 wall s): far from done
+        cut = HeldStream(stack, http, url, prompt="cut me off", max_tokens=60000)
+        cut.read(2)
+        cut.close()
+
+        def aborted() -> bool:
+            page = http.get(url.removesuffix("/v1") + "/metrics").text
+            return any(
+                sample.labels.get("finished_reason") == "abort" and sample.value == 1
+                for family in text_string_to_metric_families(page)
+                for sample in family.samples
+            )
+
+        wait_for(aborted, "the closed stream's request to be cancelled")
+        left_open = HeldStream(stack, http, url, prompt="still going", max_tokens=60000)
+        left_open.read(1)
+        whole = http.post(f"{url}/completions", json={"model": MODEL, "prompt": "x"})
+        assert whole.json()["usage"]["completion_tokens"] == 16
+        out, _ = _stop(process, signal.SIGTERM)
+        left_open.read_to_end()  # the server ended it: an error event, then [DONE]
+        assert left_open.done
+        assert [error["type"] for error in left_open.errors] == ["server_error"]
+        assert "shutting down" in left_open.errors[0]["message"]
+    assert "served 3 requests (1 finished, 1 cancelled, 1 unfinished)" in out
+    run = read_run_folder(record)
+    assert run.format == "parquet"
+    requests = run.requests().sort_values("request_id")
+    assert list(requests["state"]) == ["CANCELLED", "DECODING", "FINISHED"]
+    assert 2 <= requests["generated_token_count"].iloc[0] < 60000
+    assert len(left_open.chunks) <= requests["generated_token_count"].iloc[1] < 60000
+    _plot(record, capsys)
+
+
+# --------------------------------------------------------------------------- in process
+
+
+@pytest.fixture
+def must_not_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LiveServer.run`` fails the test: the command had to refuse before serving."""
+
+    def run(self: LiveServer) -> None:
+        # pytest.fail, not an Exception that main's last line of defence would catch
+        pytest.fail(f"simsim serve started serving on port {self.port}")
+
+    monkeypatch.setattr(LiveServer, "run", run)
+
+
+@pytest.fixture
+def serve_one(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``LiveServer.run`` serves one completion in the background, then stops.
+
+    The answers are appended to the returned list.
+    """
+    answers: list[Any] = []
+
+    def run(self: LiveServer) -> None:
+        with (
+            self,
+            openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0) as client,
+        ):
+            answers.append(
+                client.completions.create(model=self.options.model, prompt="x", max_tokens=3)
+            )
+
+    monkeypatch.setattr(LiveServer, "run", run)
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--speed", "0"], "--speed"),
+        (["--speed", "nan"], "--speed"),
+        (["--port", "70000"], "--port"),
+        (["--fail-rate", "2"], "--fail-rate"),
+        (["--max-waiting", "-1"], "--max-waiting"),
+        (["--fail-status", "200"], "--fail-status"),
+        (["--retry-after", "-1"], "--retry-after"),
+        (["--max-model-len", "-5"], "--max-model-len"),
+        (["--model", ""], "--model"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line_naming_the_option(
+    options: list[str],
+    named: str,
+    must_not_serve: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--port", "0", *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"simsim: error: {named}: "), lines[0]
+    assert options[1] in lines[0] or options[1] == "", lines[0]
+
+
+def test_record_on_a_file_names_record(
+    tmp_path: Path, must_not_serve: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("not a folder")
+    assert main(["serve", "--port", "0", "--record", str(target)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("simsim: error: --record: "), line
+    assert str(target) in line
+
+
+def test_a_refused_option_creates_no_record_folder(
+    tmp_path: Path, must_not_serve: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "never"
+    assert main(["serve", "--port", "0", "--record", str(record), "--fail-rate", "2"]) == 2
+    assert "--fail-rate" in capsys.readouterr().err
+    assert not record.exists()
+
+
+def test_record_in_parquet_without_pyarrow_is_refused_before_serving(
+    tmp_path: Path,
+    must_not_serve: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "pyarrow" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    record = tmp_path / "rec"
+    assert main(["serve", "--port", "0", "--record", str(record), "--format", "parquet"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert "--format parquet" in lines[0] and "pyarrow" in lines[0]
+
+
+def test_a_busy_port_exits_1_with_one_line(
+    must_not_serve: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"simsim: error: cannot listen on 127.0.0.1:{port} ("), lines[0]
+    assert "in use" in lines[0]
+
+
+_BACKEND = """
+[backend]
+prefill_base_us = 1000
+prefill_per_token_us = 10
+decode_base_us = 5000
+decode_per_active_sequence_us = 0
+prefill_per_active_sequence_us = 0
+"""
+
+
+def test_a_scenario_without_requests_is_served(
+    tmp_path: Path, serve_one: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text('[scenario]\nname = "bare"\nengine = "single_slot_fast"\n' + _BACKEND)
+    assert main(["serve", str(path), "--port", "0", "--speed", "50", "--model", "m1"]) == 0
+    captured = capsys.readouterr()
+    first, *rest = captured.out.splitlines()
+    assert _ADDRESS.search(first), first
+    assert "'m1' (bare, engine SimulationEngine)" in first
+    assert "served 1 requests (1 finished, 0 cancelled, 0 unfinished)" in rest[-1]
+    assert "not used" not in captured.err
+    assert "serving engine single_slot" in captured.err  # the fast engine has no steps
+    assert serve_one[0].model == "m1"
+    assert serve_one[0].usage.completion_tokens == 3
+
+
+def test_a_scenario_with_requests_is_served_with_a_note(
+    tmp_path: Path, serve_one: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "with-requests.toml"
+    path.write_text(
+        '[scenario]\nname = "busy"\nengine = "single_slot"\n'
+        + _BACKEND
+        + "[[requests]]\nrequest_id = 0\narrival_time_us = 0\n"
+        + "prompt_token_count = 4\nmax_output_tokens = 2\n"
+    )
+    assert main(["serve", str(path), "--port", "0", "--speed", "50"]) == 0
+    captured = capsys.readouterr()
+    note = [line for line in captured.err.splitlines() if "not used" in line]
+    assert note == [f"simsim: {path}'s requests and workload are not used: clients send them"]
+    # The served run has the client's request only, not the file's.
+    assert "served 1 requests" in captured.out.splitlines()[-1]
+    assert serve_one[0].usage.prompt_tokens == 1
