@@ -440,6 +440,7 @@ _SERVE_OPTIONS = {
     "retry_after_s": "--retry-after",
     "fail_rate": "--fail-rate",
     "fail_status": "--fail-status",
+    "fail_seed": "--fail-seed",
 }
 
 
@@ -459,7 +460,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from simsim.live import LiveServer, ServeOptions, default_max_model_len, serving_engine
+    from simsim.live import LiveServer, ServeOptions, serving_engine
 
     if args.scenario is None:
         scenario = default_serve_scenario()
@@ -480,13 +481,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     engine = serving_engine(scenario)
-    max_model_len = args.max_model_len
-    if max_model_len is None:
-        max_model_len = default_max_model_len(engine)
     try:
         options = ServeOptions(
             model=args.model,
-            max_model_len=max_model_len,
+            max_model_len=args.max_model_len,
             max_waiting=args.max_waiting,
             retry_after_s=args.retry_after,
             fail_rate=args.fail_rate,
@@ -497,16 +495,6 @@ def _serve(args: argparse.Namespace) -> int:
         # ServeOptions names its field; the user typed the option.
         field, _, rule = str(error).partition(" ")
         raise ScenarioError(_SERVE_OPTIONS.get(field, field), "", rule) from None
-    out = None
-    if args.record is not None:  # created only once every option is known to be good
-        try:
-            out = _output_folder(args.record)
-        except ScenarioError as error:  # it names --out, the option of 'simsim run'
-            raise ScenarioError("--record", "", error.rule) from None
-        if is_sweep_folder(out):
-            raise ScenarioError(
-                "--record", "", f"{out} holds a sweep (it has sweep.json); give another folder"
-            )
     try:
         server = LiveServer(
             engine, speed=args.speed, options=options, host=args.host, port=args.port
@@ -517,6 +505,11 @@ def _serve(args: argparse.Namespace) -> int:
             f"simsim: error: cannot listen on {args.host}:{args.port} ({reason})", file=sys.stderr
         )
         return 1
+    try:
+        out = _record_folder(args.record)
+    except ScenarioError:
+        server.stop()
+        raise
     if scenario.engine == "single_slot_fast":
         print(
             "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
@@ -543,16 +536,31 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     requests = engine.requests_frame()
     states = requests["state"].value_counts()
+    finished, cancelled = states.get("FINISHED", 0), states.get("CANCELLED", 0)
     print(
-        f"served {len(requests)} requests ({states.get('FINISHED', 0)} finished, "
-        f"{states.get('CANCELLED', 0)} cancelled, "
-        f"{len(requests) - states.get('FINISHED', 0) - states.get('CANCELLED', 0)} unfinished) "
-        f"in {engine.env.now / 1e6:.3f} simulated seconds"
+        f"served {_count(len(requests), 'request')} ({finished} finished, {cancelled} "
+        f"cancelled, {len(requests) - finished - cancelled} unfinished) in "
+        f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
         _write_tables("--record", out, _engine_tables(engine), args.format, scenario)
         print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
     return 0
+
+
+def _record_folder(value: str | None) -> Path | None:
+    """``--record``'s folder, created (after every other option was accepted)."""
+    if value is None:
+        return None
+    try:
+        out = _output_folder(value)
+    except ScenarioError as error:  # it names --out, the option of 'simsim run'
+        raise ScenarioError("--record", "", error.rule) from None
+    if is_sweep_folder(out):
+        raise ScenarioError(
+            "--record", "", f"{out} holds a sweep (it has sweep.json); give another folder"
+        )
+    return out
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

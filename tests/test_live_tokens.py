@@ -318,7 +318,10 @@ def test_a_stream_sends_one_chunk_per_token_then_usage_and_done(serve: Any) -> N
 
 
 def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
-    client, driver, metrics = serve(max_waiting=0, retry_after_s=7)
+    client, driver, metrics = serve(max_waiting=1, retry_after_s=7)
+    # Two long requests on the single slot: at least one of them waits from now on.
+    for _ in range(2):
+        client.portal.call(driver.submit, 1, 10**12)
     answer = _post(client, "/v1/completions", _completion())
     assert answer.status_code == 429
     assert answer.headers["retry-after"] == "7"
@@ -326,7 +329,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
     assert (error["type"], error["code"]) == ("rate_limit_error", "queue_full")
     # A bad request is still a 400: requests are read before the queue is checked.
     assert _post(client, "/v1/completions", _completion(n=3)).status_code == 400
-    assert driver.engine.requests == {}
+    assert sorted(driver.engine.requests) == [0, 1]  # the refused ones never arrived
     page = metrics.render().decode()
     rejected = 'simsim:rejected_requests_total{engine="0",model_name="simsim",reason='
     assert rejected + '"queue_full"} 1.0' in page
@@ -347,7 +350,7 @@ def test_injected_failures_draw_once_per_valid_request_from_the_seed(serve: Any)
     # Failed requests never reach the simulation; they are counted as rejected.
     assert len(driver.engine.requests) == statuses.count(200)
     page = metrics.render().decode()
-    assert f'reason="server_error"}} {statuses.count(503)}.0' in page
+    assert f'reason="injected_failure"}} {statuses.count(503)}.0' in page
 
 
 def test_a_stream_of_zero_tokens_sends_one_empty_chunk_with_the_finish_reason(

@@ -601,6 +601,8 @@ def _failing_indices(server: LiveServer, count: int, noise: bool) -> tuple[list[
                 assert error.status_code == 503
                 failure = _error_of(error.response)
                 assert (failure["type"], failure["code"]) == ("server_error", "injected_failure")
+                # a 503 says when to come back, as a real server's would
+                assert error.response.headers["Retry-After"] == str(server.options.retry_after_s)
                 refused.append(index)
     return refused, served
 
@@ -621,7 +623,7 @@ def test_injected_failures_follow_the_seed() -> None:
         assert sorted(table["request_id"]) == sorted(engine_request_id(rid) for rid in served)
         assert len(table) == count - len(refused)
         assert (table["state"] == "FINISHED").all()
-        assert _metric(page, "simsim:rejected_requests_total", reason="server_error") == len(
+        assert _metric(page, "simsim:rejected_requests_total", reason="injected_failure") == len(
             refused
         )
     # One draw per valid request, in order, from random.Random(fail_seed) (docs/serve.md).

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -38,14 +39,18 @@ class ServeOptions:
 
     model: str = "simsim"
     """The model name served: requests must name it, ``/v1/models`` lists it."""
-    max_model_len: int = 8192
-    """The context limit: prompt plus ``max_tokens`` above it is refused with 400."""
+    max_model_len: int | None = None
+    """The context limit: prompt plus ``max_tokens`` above it is refused with 400.
+
+    ``None`` here means no limit; :class:`~simsim.live.LiveServer` replaces it with the
+    engine's capacity (the KV cache's tokens, or 8192 without a cache).
+    """
     default_max_tokens: int = 16
     """The output length of a request that gives no ``max_tokens`` (OpenAI's default)."""
     max_waiting: int | None = None
     """Refuse with 429 while this many requests are queued (``None``: never)."""
     retry_after_s: int = 1
-    """The ``Retry-After`` header of a 429, in seconds."""
+    """The ``Retry-After`` header of a 429 or 503, in seconds."""
     fail_rate: float = 0.0
     """The fraction of valid completion requests answered with *fail_status* instead."""
     fail_status: int = 500
@@ -54,24 +59,28 @@ class ServeOptions:
     """Seeds the draw of injected failures (one draw per valid completion request)."""
 
     def __post_init__(self) -> None:
-        if not self.model or not isinstance(self.model, str):
+        if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty string, got {self.model!r}")
-        for name in ("max_model_len", "default_max_tokens", "retry_after_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if self.max_waiting is not None and (
-            isinstance(self.max_waiting, bool)
-            or not isinstance(self.max_waiting, int)
-            or self.max_waiting < 0
+        for name, minimum, optional in (
+            ("max_model_len", 1, True),
+            ("default_max_tokens", 0, False),
+            ("max_waiting", 1, True),
+            ("retry_after_s", 0, False),
+            ("fail_seed", None, False),
         ):
-            raise ValueError(f"max_waiting must be an int >= 0 or None, got {self.max_waiting!r}")
-        if not (isinstance(self.fail_rate, int | float) and 0.0 <= self.fail_rate <= 1.0):
-            raise ValueError(f"fail_rate must be a number from 0 to 1, got {self.fail_rate!r}")
-        if not (isinstance(self.fail_status, int) and 400 <= self.fail_status <= 599):
-            raise ValueError(
-                f"fail_status must be an HTTP error status 400-599, got {self.fail_status!r}"
-            )
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            if minimum is not None and value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        rate = self.fail_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ValueError(f"fail_rate must be a number from 0 to 1, got {rate!r}")
+        status = self.fail_status
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+            raise ValueError(f"fail_status must be an HTTP error status 400-599, got {status!r}")
 
 
 class ApiError(Exception):
@@ -190,6 +199,13 @@ class _Server:
             ask = _parse(await _json_object(request), chat, self.options)
             self._inject_failure()
             self._check_queue()
+            if not self.driver.started:  # shutting down: the simulation has stopped
+                raise ApiError(
+                    503,
+                    "the server is shutting down",
+                    error_type="server_error",
+                    headers={"Retry-After": str(self.options.retry_after_s)},
+                )
             try:
                 live = self.driver.submit(ask.prompt_tokens, ask.max_tokens)
             except EngineFailedError as error:
@@ -197,7 +213,9 @@ class _Server:
             except (ValueError, TypeError) as error:
                 raise ApiError(400, str(error)) from None
         except ApiError as error:
-            self.metrics.rejected(_reason(error.status))
+            self.metrics.rejected(
+                error.code if error.code == "injected_failure" else _reason(error.status)
+            )
             return error.response()
         return _Served(self, live, ask)
 
@@ -205,11 +223,14 @@ class _Server:
         options = self.options
         if options.fail_rate and self._failures.random() < options.fail_rate:
             status = options.fail_status
+            # 429 and 503 say when to come back, as a real server's would.
+            retry = {"Retry-After": str(options.retry_after_s)} if status in (429, 503) else {}
             raise ApiError(
                 status,
                 f"injected failure (--fail-rate {options.fail_rate}): HTTP {status}",
                 error_type="server_error" if status >= 500 else "invalid_request_error",
                 code="injected_failure",
+                headers=retry,
             )
 
     def _check_queue(self) -> None:
@@ -368,9 +389,26 @@ def create_app(driver: LiveDriver, metrics: ServerMetrics, options: ServeOptions
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_page, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=server.lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=server.lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
     app.state.server = server
     return app
+
+
+async def _http_error(request: HttpRequest, error: Exception) -> Response:
+    """An unknown path (404) or method (405), as OpenAI's error object."""
+    assert isinstance(error, HTTPException)
+    status = error.status_code
+    return ApiError(
+        status,
+        f"{request.method} {request.url.path}: {error.detail}; simsim serves POST "
+        "/v1/completions, POST /v1/chat/completions, GET /v1/models, /health and /metrics",
+        error_type="not_found_error" if status == 404 else "invalid_request_error",
+        headers=error.headers,
+    ).response()
 
 
 # --------------------------------------------------------------------------- parsing
@@ -453,7 +491,7 @@ def _parse(body: dict[str, Any], chat: bool, options: ServeOptions) -> _Ask:
             )
         include_usage = options_field.get("include_usage") is True
     total = prompt_tokens + max_tokens
-    if total > options.max_model_len:
+    if options.max_model_len is not None and total > options.max_model_len:
         raise ApiError(
             400,
             f"This model's maximum context length is {options.max_model_len} tokens. However, "

@@ -63,8 +63,8 @@ class LiveServer:
 
     The engine must be fresh; :func:`serving_engine` builds one from a scenario.
     ``options`` sets the wire behaviour (:class:`~simsim.live.app.ServeOptions`); without
-    it the model is called ``simsim`` and the context limit is the KV cache's capacity
-    (:data:`DEFAULT_MAX_MODEL_LEN` without a cache).
+    it the model is called ``simsim``. A context limit left at ``None`` becomes the KV
+    cache's capacity (:data:`DEFAULT_MAX_MODEL_LEN` without a cache).
     """
 
     def __init__(
@@ -77,7 +77,9 @@ class LiveServer:
         port: int = 8000,
     ) -> None:
         if options is None:
-            options = ServeOptions(max_model_len=default_max_model_len(engine))
+            options = ServeOptions()
+        if options.max_model_len is None:
+            options = replace(options, max_model_len=default_max_model_len(engine))
         self.options = options
         self.driver = LiveDriver(engine, speed=speed)
         self.metrics = ServerMetrics(options.model, self.driver.counts, self.driver.kv_cache_usage)
