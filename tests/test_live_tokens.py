@@ -319,9 +319,9 @@ def test_a_stream_sends_one_chunk_per_token_then_usage_and_done(serve: Any) -> N
 
 def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
     client, driver, metrics = serve(max_waiting=1, retry_after_s=7)
-    # Two long requests on the single slot: at least one of them waits from now on.
+    # Two long prefills on the single slot: at least one of them waits from now on.
     for _ in range(2):
-        client.portal.call(driver.submit, 1, 10**12)
+        client.portal.call(driver.submit, 10**10, 1)
     answer = _post(client, "/v1/completions", _completion())
     assert answer.status_code == 429
     assert answer.headers["retry-after"] == "7"
@@ -330,7 +330,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
     # A bad request is still a 400: requests are read before the queue is checked.
     assert _post(client, "/v1/completions", _completion(n=3)).status_code == 400
     assert sorted(driver.engine.requests) == [0, 1]  # the refused ones never arrived
-    page = metrics.render().decode()
+    page = client.portal.call(metrics.render).decode()
     rejected = 'simsim:rejected_requests_total{engine="0",model_name="simsim",reason='
     assert rejected + '"queue_full"} 1.0' in page
     assert 'reason="bad_request"} 1.0' in page
@@ -349,7 +349,7 @@ def test_injected_failures_draw_once_per_valid_request_from_the_seed(serve: Any)
     assert 200 in statuses and 503 in statuses
     # Failed requests never reach the simulation; they are counted as rejected.
     assert len(driver.engine.requests) == statuses.count(200)
-    page = metrics.render().decode()
+    page = client.portal.call(metrics.render).decode()
     assert f'reason="injected_failure"}} {statuses.count(503)}.0' in page
 
 

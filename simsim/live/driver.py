@@ -40,6 +40,7 @@ from simsim.errors import EngineFailedError
 from simsim.request import Request, RequestState
 
 __all__ = [
+    "SLICE_S",
     "DriverObserver",
     "LiveAction",
     "LiveDriver",
@@ -49,6 +50,11 @@ __all__ = [
 ]
 
 _WAITING = (RequestState.WAITING, RequestState.PREEMPTED)
+
+SLICE_S = 0.005
+"""The longest the simulation holds the event loop at a time, in wall seconds."""
+
+_SOON = -1  # the timer's due time when it is a call_soon: the simulation is behind
 
 
 class TokenUpdate(NamedTuple):
@@ -144,8 +150,9 @@ class LiveDriver:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin_s = 0.0
         self._unix_origin_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._timer_due_us = 0
+        self._behind = False
         self._next_id = 0
         self._unfinished: dict[int, LiveRequest] = {}
         self._actions: list[LiveAction] = []
@@ -185,6 +192,17 @@ class LiveDriver:
             return 0
         elapsed_s = self._loop.time() - self._origin_s
         return max(self._env.now, math.floor(elapsed_s * self._us_per_second))
+
+    def lag_s(self) -> float:
+        """How far the simulation is behind real time, in wall seconds (0 when it keeps up).
+
+        A speed whose events the loop cannot process as fast as they come makes the
+        simulation fall behind: requests then arrive at the simulation's current time,
+        later than the wall clock says, and tokens reach clients late.
+        """
+        if not self._behind:
+            return 0.0
+        return max(0, self.now_us() - self._env.now) / self._us_per_second
 
     def unix_time(self, time_us: int) -> int:
         """The Unix time (whole seconds) of simulated time *time_us*: start + time / speed."""
@@ -312,16 +330,34 @@ class LiveDriver:
             observer.request_ended(request)
 
     def _advance(self, minimum_us: int = 0) -> None:
-        """Process every event before the current simulated time (at least *minimum_us*)."""
-        if self._stopped or self._failure is not None:
+        """Process every event before the current simulated time (at least *minimum_us*).
+
+        One timestamp at a time, for at most :data:`SLICE_S` of wall time: a simulation
+        with more events than the loop can process at this speed falls behind (see
+        :meth:`lag_s`) instead of starving the HTTP server. It stops only between
+        timestamps, so a submission made meanwhile arrives at a time whose events have
+        all been processed or none, as with ``env.run(until=t)``.
+        """
+        loop = self._loop
+        if self._stopped or self._failure is not None or loop is None:
             return
         target = max(self.now_us(), minimum_us)
         env = self._env
-        if target > env.now:
-            try:
-                env.run(until=target)
-            except Exception as error:  # the engine failed: every stream ends
-                self._fail(error)
+        deadline_s = loop.time() + SLICE_S
+        try:
+            while True:
+                at = env.next_event_time()
+                if at is None or at >= target:
+                    if target > env.now:
+                        env.run(until=target)
+                    self._behind = False
+                    return
+                env.run(until=at + 1)
+                if loop.time() >= deadline_s:
+                    self._behind = True
+                    return
+        except Exception as error:  # the engine failed: every stream ends
+            self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error
@@ -330,8 +366,20 @@ class LiveDriver:
         self._unfinished.clear()
 
     def _schedule(self) -> None:
-        """Set the loop timer for the microsecond after the next pending event."""
-        if self._stopped or self._failure is not None or self._loop is None:
+        """Set the loop timer for the microsecond after the next pending event.
+
+        Behind real time, the next slice runs as soon as the loop has served
+        everything else that is ready.
+        """
+        loop = self._loop
+        if self._stopped or self._failure is not None or loop is None:
+            return
+        if self._behind:
+            if self._timer is None or self._timer_due_us != _SOON:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer_due_us = _SOON
+                self._timer = loop.call_soon(self._tick)
             return
         at = self._env.next_event_time()
         if at is None:
@@ -345,7 +393,7 @@ class LiveDriver:
                 return
             self._timer.cancel()
         self._timer_due_us = due
-        self._timer = self._loop.call_at(self._origin_s + due / self._us_per_second, self._tick)
+        self._timer = loop.call_at(self._origin_s + due / self._us_per_second, self._tick)
 
     def _tick(self) -> None:
         # The loop may run a timer up to its clock's resolution early: the timer's own

@@ -49,10 +49,12 @@ class _Gauges(Collector):
         labels: dict[str, str],
         counts: Callable[[], tuple[int, int]],
         kv_cache_usage: Callable[[], float | None],
+        lag_s: Callable[[], float] | None,
     ) -> None:
         self._labels = labels
         self._counts = counts
         self._kv_cache_usage = kv_cache_usage
+        self._lag_s = lag_s
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self._labels), list(self._labels.values())
@@ -69,13 +71,23 @@ class _Gauges(Collector):
             family = GaugeMetricFamily(name, help_text, labels=names)
             family.add_metric(values, float(value))
             yield family
+        if self._lag_s is not None:
+            family = GaugeMetricFamily(
+                "simsim:simulation_lag_seconds",
+                "Wall seconds the simulation is behind real time (0 when it keeps up; "
+                "lower --speed if it grows).",
+                labels=names,
+            )
+            family.add_metric(values, self._lag_s())
+            yield family
 
 
 class ServerMetrics:
     """The metrics of one served model, fed by the driver (a ``DriverObserver``).
 
-    *counts* and *kv_cache_usage* are read at every scrape (the driver's
-    :meth:`~simsim.live.driver.LiveDriver.counts` and ``kv_cache_usage``).
+    *counts*, *kv_cache_usage* and *lag_s* are read at every scrape (the driver's
+    :meth:`~simsim.live.driver.LiveDriver.counts`, ``kv_cache_usage`` and ``lag_s``);
+    without *lag_s* there is no ``simsim:simulation_lag_seconds`` gauge.
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class ServerMetrics:
         model_name: str,
         counts: Callable[[], tuple[int, int]],
         kv_cache_usage: Callable[[], float | None],
+        lag_s: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
@@ -131,7 +144,7 @@ class ServerMetrics:
             [*names, "reason"],
             registry=registry,
         )
-        registry.register(_Gauges(labels, counts, kv_cache_usage))
+        registry.register(_Gauges(labels, counts, kv_cache_usage, lag_s))
 
     # ------------------------------------------------------------------ observer
 

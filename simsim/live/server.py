@@ -82,7 +82,9 @@ class LiveServer:
             options = replace(options, max_model_len=default_max_model_len(engine))
         self.options = options
         self.driver = LiveDriver(engine, speed=speed)
-        self.metrics = ServerMetrics(options.model, self.driver.counts, self.driver.kv_cache_usage)
+        self.metrics = ServerMetrics(
+            options.model, self.driver.counts, self.driver.kv_cache_usage, self.driver.lag_s
+        )
         self.driver.observer = self.metrics
         self.app = create_app(self.driver, self.metrics, options)
         self._socket = _bind(host, port)
