@@ -206,7 +206,10 @@ def main(argv: Sequence[str] | None = None) -> LoadResult:
     jobs = timing.make_jobs(args.requests, args.seed, PROMPT_TOKENS, OUTPUT_TOKENS)
     with tempfile.TemporaryDirectory() as folder:
         record = Path(folder) / "record"
-        with timing.ServerProcess(record, speed=args.speed, scenario=args.scenario) as server:
+        with (
+            timing.quiet_collector(),
+            timing.ServerProcess(record, speed=args.speed, scenario=args.scenario) as server,
+        ):
             server_cpu = server.cpu_seconds()
             client_cpu = time.process_time()
             started = time.perf_counter()

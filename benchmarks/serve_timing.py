@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import math
 import os
@@ -49,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -367,42 +369,59 @@ def client(tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
 
 
 async def send_all(
-    base_url: str, jobs: Sequence[tuple[int, int]], concurrency: int
+    base_url: str, jobs: Sequence[tuple[int, int]], concurrency: int, *, warm: bool = False
 ) -> list[Stream]:
     """Stream every ``(prompt, max_tokens)`` job from *concurrency* clients.
 
     Each client sends its next job (the next one not taken) when its previous one has
-    ended; results come back in the jobs' order.
+    ended; results come back in the jobs' order. With *warm*, each client first opens
+    its connection with an untimed ``GET /health``.
     """
     results: list[Stream | None] = [None] * len(jobs)
     pending = iter(enumerate(jobs))
-    tls = ssl.create_default_context()
 
-    async def one_client() -> None:
-        async with client(tls) as http:
-            for index, (prompt, output) in pending:
-                results[index] = await stream_completion(http, base_url, prompt, output)
+    async def send(http: httpx.AsyncClient) -> None:
+        for index, (prompt, output) in pending:
+            results[index] = await stream_completion(http, base_url, prompt, output)
 
-    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    await _clients(base_url.removesuffix("/v1"), concurrency, warm, send)
     return [r for r in results if r is not None]
 
 
 async def health_round_trips(url: str, count: int, concurrency: int) -> list[float]:
-    """*count* ``GET /health`` round trips, *concurrency* at a time, in seconds."""
+    """*count* ``GET /health`` round trips from *concurrency* warm clients, in seconds."""
     times: list[float] = []
     remaining = iter(range(count))
+
+    async def send(http: httpx.AsyncClient) -> None:
+        for _ in remaining:
+            started = time.perf_counter()
+            response = await http.get(f"{url}/health")
+            times.append(time.perf_counter() - started)
+            response.raise_for_status()
+
+    await _clients(url, concurrency, True, send)
+    return times
+
+
+async def _clients(
+    url: str,
+    concurrency: int,
+    warm: bool,
+    work: Callable[[httpx.AsyncClient], Awaitable[None]],
+) -> None:
+    """Run *work* in *concurrency* clients at once (after a ``GET /health`` each if *warm*)."""
     tls = ssl.create_default_context()
+    ready = asyncio.Barrier(concurrency)
 
     async def one_client() -> None:
         async with client(tls) as http:
-            for _ in remaining:
-                started = time.perf_counter()
-                response = await http.get(f"{url}/health")
-                times.append(time.perf_counter() - started)
-                response.raise_for_status()
+            if warm:
+                (await http.get(f"{url}/health")).raise_for_status()
+            await ready.wait()  # every client starts its timed work together
+            await work(http)
 
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
-    return times
 
 
 def make_jobs(
@@ -416,6 +435,22 @@ def make_jobs(
     prompts = rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, count).tolist()
     outputs = rng.integers(output_tokens[0], output_tokens[1] + 1, count).tolist()
     return list(zip(prompts, outputs, strict=True))
+
+
+@contextlib.contextmanager
+def quiet_collector() -> Iterator[None]:
+    """Keep the client's full garbage collections short while it measures.
+
+    This process holds pandas, NumPy and simsim; a full collection walks all of it (about
+    30 ms here) and would pause every stream the client is reading. ``gc.freeze()``
+    moves what exists now out of the collector's way; the server runs as shipped.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # --------------------------------------------------------------------------- statistics
@@ -566,14 +601,17 @@ def main(argv: Sequence[str] | None = None) -> TimingResult:
     with tempfile.TemporaryDirectory() as folder:
         record = Path(folder) / "record"
         measured: list[tuple[int, list[Stream], list[float]]] = []
-        with ServerProcess(record, speed=args.speed, scenario=args.scenario) as server:
+        with (
+            quiet_collector(),
+            ServerProcess(record, speed=args.speed, scenario=args.scenario) as server,
+        ):
             asyncio.run(health_round_trips(server.url, 20, 1))
             if args.warmup:
                 asyncio.run(send_all(server.base_url, make_jobs(args.warmup, args.seed + 1), 1))
             for index, concurrency in enumerate(args.concurrency):
                 health = asyncio.run(health_round_trips(server.url, args.requests, concurrency))
                 jobs = make_jobs(args.requests, args.seed + 2 + index)
-                streams = asyncio.run(send_all(server.base_url, jobs, concurrency))
+                streams = asyncio.run(send_all(server.base_url, jobs, concurrency, warm=True))
                 measured.append((concurrency, streams, health))
         requests = read_requests(record)
         events = pd.read_csv(record / "events.csv")
