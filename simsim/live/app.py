@@ -241,8 +241,8 @@ class _Server:
         if waiting >= limit:
             raise ApiError(
                 429,
-                f"the server's queue is full ({waiting} requests waiting, --max-waiting "
-                f"{limit}); retry later",
+                f"the server's queue is full ({waiting} waiting, --max-waiting {limit}); "
+                "retry later",
                 error_type="rate_limit_error",
                 code="queue_full",
                 headers={"Retry-After": str(self.options.retry_after_s)},
