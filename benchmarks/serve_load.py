@@ -3,8 +3,8 @@
 The server runs as a separate process (``python -m simsim serve --port 0 --speed S
 --record DIR``) at a high speed. One client process sends ``--requests`` streaming
 completions (default 2,000) from ``--clients`` concurrent clients (default 200; each
-sends its next request when its previous one has ended) over loopback, with
-``httpx.AsyncClient`` allowed that many connections. Prompts are 16 to 512 token ids
+sends its next request when its previous one has ended) over loopback, each its own
+``httpx.AsyncClient`` with one connection. Prompts are 16 to 512 token ids
 and outputs 8 to 64 tokens, drawn from a seed.
 
 It reports:
