@@ -8,7 +8,13 @@ loop: health checks, metrics and disconnects are still served.
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
+import time
+
 import httpx
+import pytest
 from helpers import serve_backend
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,3 +59,38 @@ def test_a_simulation_behind_real_time_still_answers_and_reports_its_lag() -> No
     request = engine.requests[0]
     assert request.state is simsim.RequestState.CANCELLED
     assert 1000 <= request.generated_token_count < 1_000_000_000
+
+
+def test_a_fast_stream_whose_client_hangs_up_writes_nothing_after_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tokens produced together go out in one write, and none after the hang-up.
+
+    At a high speed the simulation hands a stream its tokens in bursts. Written one
+    send each, a burst that came after the client closed its socket made asyncio log
+    "socket.send() raised exception." once per token (thousands of lines per request).
+    """
+    engine = simsim.SimulationEngine(serve_backend(50))
+    body = json.dumps(
+        {"model": "simsim", "prompt": [1, 2, 3], "max_tokens": 100_000, "stream": True}
+    ).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: simsim\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        options = ServeOptions(max_model_len=200_000)
+        with LiveServer(engine, speed=200, port=0, options=options) as server:
+            for _ in range(5):
+                with socket.create_connection((server.host, server.port), timeout=30) as client:
+                    client.sendall(head + body)
+                    received = b""
+                    while received.count(b"data: ") < 2:
+                        received += client.recv(65536)
+                for _ in range(2000):  # until the server has seen the hang-up
+                    if all(request.is_terminal for request in engine.requests.values()):
+                        break
+                    time.sleep(0.001)
+        states = {request.state for request in engine.requests.values()}
+    assert states == {simsim.RequestState.CANCELLED}
+    assert [r.getMessage() for r in caplog.records if "socket.send()" in r.getMessage()] == []
