@@ -297,6 +297,67 @@ def test_sampling_fields_are_accepted_and_ignored(serve: Any) -> None:
     assert answer.json()["choices"][0]["text"] == filler_text(4)
 
 
+def test_hints_that_newer_openai_clients_and_vllm_users_send_are_accepted(serve: Any) -> None:
+    client, _, _ = serve()
+    hints = {
+        "prompt_cache_key": "conversation-7",
+        "safety_identifier": "user-hash",
+        "service_tier": "auto",
+        "metadata": {"team": "gateway"},
+        "store": False,
+        "priority": 3,
+        "request_id": "abc",
+        "cache_salt": "s",
+    }
+    chat_only = {
+        "verbosity": "low",
+        "modalities": ["text"],
+        "prediction": None,
+        "web_search_options": None,
+        "audio": None,
+        "reasoning_effort": "low",
+    }
+    answer = _post(client, "/v1/completions", _completion(max_tokens=2, **hints))
+    assert answer.status_code == 200, answer.text
+    answer = _post(client, "/v1/chat/completions", _chat(max_tokens=2, **hints, **chat_only))
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", "hot"),
+        ("top_p", True),
+        ("seed", 1.5),
+        ("top_k", "5"),
+        ("stop", 7),
+        ("user", 42),
+        ("ignore_eos", "yes"),
+        ("logit_bias", [1, 2]),
+        ("metadata", "x"),
+    ],
+)
+def test_ignored_fields_of_the_wrong_type_are_refused(serve: Any, field: str, value: Any) -> None:
+    client, driver, _ = serve()
+    answer = _post(client, "/v1/completions", _completion(**{field: value}))
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == field and repr(value) in error["message"]
+    assert driver.engine.requests == {}
+
+
+def test_include_usage_and_token_ids_are_checked(serve: Any) -> None:
+    client, driver, _ = serve()
+    body = _completion(stream=True, stream_options={"include_usage": "x"})
+    answer = _post(client, "/v1/completions", body)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "stream_options"
+    answer = _post(client, "/v1/completions", _completion(prompt=[1, -2, 3]))
+    assert answer.status_code == 400
+    assert "token ids must be integers >= 0" in answer.json()["error"]["message"]
+    assert driver.engine.requests == {}
+
+
 def test_a_stream_sends_one_chunk_per_token_then_usage_and_done(serve: Any) -> None:
     client, _, _ = serve()
     body = _chat(max_tokens=3, stream=True, stream_options={"include_usage": True})

@@ -126,12 +126,42 @@ _SAMPLING: Final = frozenset(
         "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
     }
 )  # fmt: skip
-_COMMON: Final = _SAMPLING | {"model", "stream", "stream_options", "max_tokens", "n", "logprobs"}
+# What else clients send that changes nothing simsim models: OpenAI's caching, routing
+# and tracing hints, and vLLM's own request extras.
+_HINTS: Final = frozenset(
+    {
+        "prompt_cache_key", "safety_identifier", "service_tier", "metadata", "store",
+        "priority", "request_id", "cache_salt",
+    }
+)  # fmt: skip
+_COMMON: Final = (
+    _SAMPLING | _HINTS | {"model", "stream", "stream_options", "max_tokens", "n", "logprobs"}
+)
 _COMPLETION_FIELDS: Final = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT_FIELDS: Final = _COMMON | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-    "tool_choice", "parallel_tool_calls", "metadata", "store", "reasoning_effort",
-    "service_tier",
+    "tool_choice", "parallel_tool_calls", "reasoning_effort", "verbosity", "modalities",
+    "prediction", "web_search_options", "audio", "functions", "function_call",
+}  # fmt: skip
+
+# The types of the accepted-and-ignored fields a client may get wrong (null is always
+# fine): ignored values are still checked, so a client bug shows here as on a real server.
+_NUMBER = (int, float)
+_FIELD_TYPES: Final[dict[str, tuple[tuple[type, ...], str]]] = {
+    **{
+        name: (_NUMBER, "a number")
+        for name in (
+            "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+            "repetition_penalty",
+        )
+    },
+    **{name: ((int,), "an integer") for name in ("seed", "top_k", "min_tokens", "top_logprobs")},
+    **{name: ((bool,), "true or false") for name in ("ignore_eos", "skip_special_tokens", "store")},
+    **{name: ((str,), "a string") for name in ("user", "prompt_cache_key", "safety_identifier")},
+    "stop": ((str, list), "a string or a list of strings"),
+    "logit_bias": ((dict,), "an object"),
+    "metadata": ((dict,), "an object"),
+    "stop_token_ids": ((list,), "a list of token ids"),
 }  # fmt: skip
 
 
@@ -453,6 +483,13 @@ def _parse(body: dict[str, Any], chat: bool, options: ServeOptions) -> _Ask:
             f"unknown field {unknown[0]!r}; simsim accepts {', '.join(sorted(allowed))}",
             param=unknown[0],
         )
+    for key, (types, expected) in _FIELD_TYPES.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in types
+        if wrong_bool or not isinstance(value, types):
+            raise ApiError(400, f"'{key}' must be {expected}, got {value!r}", param=key)
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(
@@ -507,7 +544,13 @@ def _parse(body: dict[str, Any], chat: bool, options: ServeOptions) -> _Ask:
                 f"'stream_options' must be an object with 'include_usage', got {options_field!r}",
                 param="stream_options",
             )
-        include_usage = options_field.get("include_usage") is True
+        include_usage = options_field.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise ApiError(
+                400,
+                f"'stream_options.include_usage' must be true or false, got {include_usage!r}",
+                param="stream_options",
+            )
     total = prompt_tokens + max_tokens
     if options.max_model_len is not None and total > options.max_model_len:
         raise ApiError(
@@ -536,6 +579,8 @@ def _prompt_tokens(prompt: Any) -> int:
         return count_text_tokens(prompt)
     if isinstance(prompt, list):
         if all(type(token) is int for token in prompt):
+            if any(token < 0 for token in prompt):
+                raise ApiError(400, "'prompt' token ids must be integers >= 0", param="prompt")
             return len(prompt)  # token ids count exactly (an empty list is 0)
         if len(prompt) == 1 and isinstance(prompt[0], str | list):
             return _prompt_tokens(prompt[0])
