@@ -153,7 +153,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="answer 429 while this many requests wait (default: no limit)",
     )
     serve.add_argument(
-        "--retry-after", type=int, default=1, help="a 429's Retry-After, seconds (default: 1)"
+        "--retry-after",
+        type=int,
+        default=1,
+        help="Retry-After of a 429 or 503, wall seconds (default: 1)",
     )
     serve.add_argument(
         "--fail-rate",
@@ -517,9 +520,19 @@ def _serve(args: argparse.Namespace) -> int:
             "stream (same request table)",
             file=sys.stderr,
         )
-    if scenario.requests or scenario.workload is not None:
+    unused = [
+        part
+        for part, present in (
+            ("requests", bool(scenario.requests)),
+            ("workload", scenario.workload is not None),
+            ("cancellations", bool(scenario.cancellations)),
+        )
+        if present
+    ]
+    if unused:
         print(
-            f"simsim: {scenario.source}'s requests and workload are not used: clients send them",
+            f"simsim: ignoring {scenario.source}'s {' and '.join(unused)}: the clients send "
+            "the requests",
             file=sys.stderr,
         )
     print(

@@ -307,7 +307,7 @@ def test_a_scenario_without_requests_is_served(
     assert _ADDRESS.search(first), first
     assert "'m1' (bare, engine SimulationEngine)" in first
     assert "served 1 request (1 finished, 0 cancelled, 0 unfinished)" in rest[-1]
-    assert "not used" not in captured.err
+    assert "ignoring" not in captured.err
     assert "serving engine single_slot" in captured.err  # the fast engine has no steps
     assert serve_one[0].model == "m1"
     assert serve_one[0].usage.completion_tokens == 3
@@ -325,8 +325,8 @@ def test_a_scenario_with_requests_is_served_with_a_note(
     )
     assert main(["serve", str(path), "--port", "0", "--speed", "50"]) == 0
     captured = capsys.readouterr()
-    note = [line for line in captured.err.splitlines() if "not used" in line]
-    assert note == [f"simsim: {path}'s requests and workload are not used: clients send them"]
+    note = [line for line in captured.err.splitlines() if "ignoring" in line]
+    assert note == [f"simsim: ignoring {path}'s requests: the clients send the requests"]
     # The served run has the client's request only, not the file's.
     assert "served 1 request " in captured.out.splitlines()[-1]
     assert serve_one[0].usage.prompt_tokens == 1
