@@ -271,9 +271,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     wall_s = time.monotonic() - started
-    frames = _engine_tables(engine)
+    frames = _write_tables("--out", out, engine, args.format, scenario)
     summary = frames["summary"].set_index("metric")
-    _write_tables("--out", out, frames, args.format, scenario)
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
@@ -306,14 +305,24 @@ def _engine_tables(engine: EngineBase) -> dict[str, pd.DataFrame]:
 
 
 def _write_tables(
-    option: str, out: Path, frames: dict[str, pd.DataFrame], fmt: Any, scenario: Scenario
-) -> None:
+    option: str, out: Path, engine: EngineBase, fmt: Any, scenario: Scenario
+) -> dict[str, pd.DataFrame]:
+    """Write *engine*'s tables to *out*, stamped with the simulated time it ended at."""
+    frames = _engine_tables(engine)
     try:
-        write_run_folder(out, frames, format=fmt, scenario=scenario.name, seed=scenario.seed)
+        write_run_folder(
+            out,
+            frames,
+            format=fmt,
+            scenario=scenario.name,
+            seed=scenario.seed,
+            end_us=engine.env.now,
+        )
     except OSError as error:
         reason = error.strerror or str(error)
         where = error.filename or out
         raise ScenarioError(option, "", f"cannot write {where} ({reason})") from None
+    return frames
 
 
 # Each latency row of the run table: its column, its label, whom it covers (the rows
@@ -561,7 +570,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
-        _write_tables("--record", out, _engine_tables(engine), args.format, scenario)
+        _write_tables("--record", out, engine, args.format, scenario)
         print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
     return 0
 

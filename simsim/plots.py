@@ -377,16 +377,22 @@ def _windowed_mean(
     return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
 
 
-def draw_gantt(requests: pd.DataFrame) -> Figure:
-    """One row per request: waiting, prefill and decoding bars; cancellations marked."""
+def draw_gantt(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
+    """One row per request: waiting, prefill and decoding bars; cancellations marked.
+
+    A request unfinished at the end (a served session stopped while it ran) has its
+    bars drawn to *end_us*, the run's end, or else to the table's last time, and a
+    marker there.
+    """
     ordered = requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     n = len(ordered)
-    horizon = _horizon_us(ordered)
+    horizon = max(_horizon_us(ordered), end_us or 0)
     scale, unit = _time_unit(horizon)
     fig, ax = plt.subplots(figsize=(11, max(3.0, 1.6 + 0.28 * n)), layout="constrained")
     height = 0.7
     cancelled_x: list[float] = []
     cancelled_y: list[int] = []
+    unfinished_y: list[int] = []
     columns = zip(
         ordered["arrival_time_us"].astype("Int64").tolist(),
         _optional_ints(ordered["admit_time_us"]),
@@ -413,8 +419,20 @@ def draw_gantt(requests: pd.DataFrame) -> Figure:
         if state == "CANCELLED" and finish is not None:
             cancelled_x.append(finish / scale)
             cancelled_y.append(row)
+        elif finish is None:
+            unfinished_y.append(row)
     if cancelled_x:
         ax.scatter(cancelled_x, cancelled_y, marker="x", s=40, color=_CANCEL_COLOR, zorder=3)
+    if unfinished_y:
+        ax.scatter(
+            [horizon / scale] * len(unfinished_y),
+            unfinished_y,
+            marker=">",
+            s=30,
+            color=_CANCEL_COLOR,
+            zorder=3,
+            clip_on=False,
+        )
     ax.set_yticks(range(n), [str(r) for r in ordered["request_id"]])
     ax.tick_params(axis="y", labelsize="small" if n <= 30 else "x-small")
     ax.set_ylim(n - 0.5 if n else 0.5, -0.5)
@@ -430,10 +448,18 @@ def draw_gantt(requests: pd.DataFrame) -> Figure:
             Patch(color=_PREFILL_COLOR, label="prefill (admission to prefill end)"),
             Patch(color=_DECODE_COLOR, label="decoding (prefill end to finish)"),
             Line2D([], [], marker="x", linestyle="none", color=_CANCEL_COLOR, label="cancelled"),
+            Line2D(
+                [],
+                [],
+                marker=">",
+                linestyle="none",
+                color=_CANCEL_COLOR,
+                label="unfinished at the end",
+            ),
         ],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.08 if n > 10 else -0.18),
-        ncol=4,
+        ncol=5,
         fontsize="small",
         frameon=False,
     )
@@ -457,7 +483,10 @@ class FigureSpec:
 
 def _gantt_if_small(results: RunFolder) -> Figure | None:
     requests = results.requests()
-    return draw_gantt(requests) if len(requests) <= GANTT_MAX_REQUESTS else None
+    if len(requests) > GANTT_MAX_REQUESTS:
+        return None
+    end_us = results.manifest.get("end_us")
+    return draw_gantt(requests, end_us if isinstance(end_us, int) else None)
 
 
 FIGURES: Final[Sequence[FigureSpec]] = (
@@ -682,7 +711,13 @@ def _optional_ints(column: pd.Series[int]) -> list[int | None]:
 def _horizon_us(requests: pd.DataFrame) -> int:
     """The last time anything in the table happened (0 for an empty table)."""
     latest = 0
-    for column in ("arrival_time_us", "admit_time_us", "prefill_end_time_us", "finish_time_us"):
+    for column in (
+        "arrival_time_us",
+        "admit_time_us",
+        "prefill_end_time_us",
+        "first_token_time_us",
+        "finish_time_us",
+    ):
         values = _present(requests[column])
         if len(values):
             latest = max(latest, int(values.max()))

@@ -40,7 +40,7 @@ FORMATS: Final = ("csv", "parquet")
 """The file formats a results folder can be written in."""
 
 MANIFEST: Final = "run.json"
-"""The results folder's manifest: format, tables, scenario, seed, simsim version."""
+"""The results folder's manifest: format, tables, scenario, seed, end time, simsim version."""
 
 RUN_TABLES: Final = ("requests", "events", "admissions", "iterations", "summary")
 """The tables a run writes, in this order (``iterations`` only for the batching server)."""
@@ -76,12 +76,15 @@ def write_run_folder(
     format: Format = "csv",
     scenario: str | None = None,
     seed: int | None = None,
+    end_us: int | None = None,
 ) -> list[Path]:
     """Write *tables* (name -> frame, names from :data:`RUN_TABLES`) and the manifest.
 
     *folder* must exist. Tables an earlier run left there (any of :data:`RUN_TABLES`,
     in either format) that this run does not write are removed, so the folder holds
-    one run. Returns the paths written, the manifest last. Raises ``ValueError`` for an
+    one run. *end_us*, when given, is the simulated time the run ended at (a served
+    session's stop time, with requests still running): plots draw up to it. Returns
+    the paths written, the manifest last. Raises ``ValueError`` for an
     unknown table or format and ``OSError`` when a file cannot be written; the
     manifest is written only after every table, so a folder with a manifest is
     complete.
@@ -116,6 +119,7 @@ def write_run_folder(
         "tables": [name for name in RUN_TABLES if name in tables],
         "scenario": scenario,
         "seed": seed,
+        "end_us": end_us,
         "simsim_version": __version__,
     }
     path = folder / MANIFEST

@@ -408,3 +408,28 @@ def test_iterations_token_panel_keeps_steps_for_a_few_iterations() -> None:
         assert tokens.get_xlabel() == "simulated time (ms)"
     finally:
         plt.close(fig)
+
+
+def test_gantt_draws_requests_unfinished_at_the_end_up_to_the_run_s_end() -> None:
+    """A served session stopped mid-request: its bars reach the recorded end time."""
+    requests = simsim.results.requests_frame(
+        [
+            simsim.Request(0, 0, 4, 2, state=simsim.RequestState.FINISHED, generated_token_count=2,
+                           admit_time_us=0, prefill_end_time_us=100, first_token_time_us=200,
+                           finish_time_us=300),
+            simsim.Request(1, 50, 4, 900, state=simsim.RequestState.DECODING,
+                           generated_token_count=3, admit_time_us=300, prefill_end_time_us=400,
+                           first_token_time_us=500),
+        ]
+    )  # fmt: skip
+    figure = plots.draw_gantt(requests, end_us=10_000)
+    ax = figure.axes[0]
+    scale, _ = plots._time_unit(10_000)
+    bar_ends = [
+        path.get_extents().x1 for collection in ax.collections for path in collection.get_paths()
+    ]
+    assert ax.get_xlim()[1] == pytest.approx(10_000 / scale)
+    assert max(bar_ends) == pytest.approx(10_000 / scale)  # the unfinished decoding bar
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "unfinished at the end" in labels
+    plt.close(figure)

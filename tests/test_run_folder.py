@@ -32,7 +32,7 @@ def batching_frames() -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_every_table_reads_back_with_the_frames_dtypes(tmp_path: Path, fmt: str) -> None:
     frames = batching_frames()
-    written = write_run_folder(tmp_path, frames, format=fmt, scenario="s", seed=4)  # type: ignore[arg-type]
+    written = write_run_folder(tmp_path, frames, format=fmt, scenario="s", seed=4, end_us=99)  # type: ignore[arg-type]
     assert [path.name for path in written] == [f"{n}.{fmt}" for n in RUN_TABLES] + [MANIFEST]
     folder = read_run_folder(tmp_path)
     assert folder.format == fmt
@@ -45,6 +45,7 @@ def test_every_table_reads_back_with_the_frames_dtypes(tmp_path: Path, fmt: str)
         "tables": list(RUN_TABLES),
         "scenario": "s",
         "seed": 4,
+        "end_us": 99,
         "simsim_version": simsim.__version__,
     }
 
