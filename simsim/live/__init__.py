@@ -17,7 +17,7 @@ except ImportError as error:  # pragma: no cover - depends on what is installed
         f"simsim.live needs the serve extra ({error.name} is missing): pip install 'simsim[serve]'"
     ) from error
 
-from simsim.live.app import ApiError, ServeOptions, create_app
+from simsim.live.app import create_app
 from simsim.live.driver import (
     DriverObserver,
     LiveAction,
@@ -34,6 +34,7 @@ from simsim.live.server import (
     serving_engine,
 )
 from simsim.live.tokens import count_text_tokens, filler_text
+from simsim.live.wire import ApiError, ServeOptions
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",

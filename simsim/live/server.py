@@ -18,9 +18,10 @@ import uvicorn
 
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
-from simsim.live.app import ServeOptions, create_app
+from simsim.live.app import create_app
 from simsim.live.driver import LiveAction, LiveDriver
 from simsim.live.metrics import ServerMetrics
+from simsim.live.wire import ServeOptions
 from simsim.scenario.model import Scenario
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "LiveServer", "default_max_model_len", "serving_engine"]
