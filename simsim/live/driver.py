@@ -3,8 +3,10 @@
 A :class:`LiveDriver` owns an engine and keeps its simulated clock on the wall clock:
 simulated time is the wall time since :meth:`LiveDriver.start`, in microseconds,
 multiplied by ``speed``. It runs inside an asyncio event loop (the HTTP server's) and
-never blocks it: it advances the simulation with ``env.run(until=t)`` only up to the
-current simulated time ``t``, and sets one loop timer for the next pending event.
+never blocks it: it advances the simulation only up to the current simulated time ``t``,
+one timestamp at a time and for at most :data:`SLICE_S` of wall time at once (a
+simulation too busy for its speed falls behind instead; :meth:`LiveDriver.lag_s`), and
+sets one loop timer for the next pending event.
 
 What happens when, in simulated time:
 
