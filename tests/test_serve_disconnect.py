@@ -34,6 +34,7 @@ from helpers import (
     serving,
     wait_for,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 import simsim
 from simsim import EventType, RequestState
@@ -317,6 +318,28 @@ def test_batching_with_preemption_served_table_equals_offline_runs() -> None:
     ]
     assert engine.kv_blocks_in_use == 0
     _assert_offline_runs_agree(server, _batching_small_kv)
+    # The metrics count what the tables hold (read once the server has stopped).
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(server.metrics.render().decode())
+        for sample in family.samples
+    }
+    preempted = sum(event == EventType.REQUEST_PREEMPTED for _, event, _ in _log(engine))
+    assert samples["vllm:num_preemptions_total"] == preempted > 0
+    requests = engine.requests_frame()
+    finished = requests[requests["state"] == "FINISHED"]
+    with_tokens = requests[requests["generated_token_count"] > 0]
+    assert samples["vllm:request_prefill_time_seconds_count"] == len(with_tokens)
+    assert samples["vllm:request_prefill_time_seconds_sum"] == pytest.approx(
+        (with_tokens["first_token_time_us"] - with_tokens["admit_time_us"]).sum() / 1e6
+    )
+    assert samples["vllm:request_decode_time_seconds_count"] == len(finished)
+    assert samples["vllm:request_decode_time_seconds_sum"] == pytest.approx(
+        (finished["finish_time_us"] - finished["first_token_time_us"]).sum() / 1e6
+    )
+    assert samples["vllm:request_inference_time_seconds_sum"] == pytest.approx(
+        (finished["finish_time_us"] - finished["admit_time_us"]).sum() / 1e6
+    )
 
 
 @pytest.fixture

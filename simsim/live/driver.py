@@ -39,6 +39,7 @@ import simpy
 from simsim.engines import BatchingEngine, FastSimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import EngineFailedError
+from simsim.records import EventType
 from simsim.request import Request, RequestState
 
 __all__ = [
@@ -160,6 +161,8 @@ class LiveDriver:
         self._actions: list[LiveAction] = []
         self._failure: BaseException | None = None
         self._stopped = False
+        self._log_read = 0  # event log records preemptions() has counted up to
+        self._preemptions = 0
 
     # ------------------------------------------------------------------ accessors
 
@@ -224,6 +227,17 @@ class LiveDriver:
             if live.request.state in _WAITING:
                 waiting += 1
         return len(self._unfinished) - waiting, waiting
+
+    def preemptions(self) -> int:
+        """How many times a request has been preempted so far (batching with a KV cache)."""
+        if self._failure is not None:
+            return self._preemptions  # a failed engine's logs can no longer be read
+        log = self._engine.event_log
+        for record in log[self._log_read : len(log)]:
+            if record.event_type is EventType.REQUEST_PREEMPTED:
+                self._preemptions += 1
+        self._log_read = len(log)
+        return self._preemptions
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of KV blocks in use, or ``None`` for a server without a KV cache."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from simsim.live.driver import TokenUpdate
@@ -41,8 +41,9 @@ _REQUEST_BUCKETS = (
 _US = 1e-6
 
 
-class _Gauges(Collector):
-    """Running, waiting and KV-cache usage, read from the server when scraped."""
+class _ReadAtScrape(Collector):
+    """What is read from the server when scraped: running, waiting, KV-cache usage,
+    preemptions and the simulation's lag."""
 
     def __init__(
         self,
@@ -50,11 +51,13 @@ class _Gauges(Collector):
         counts: Callable[[], tuple[int, int]],
         kv_cache_usage: Callable[[], float | None],
         lag_s: Callable[[], float] | None,
+        preemptions: Callable[[], int] | None,
     ) -> None:
         self._labels = labels
         self._counts = counts
         self._kv_cache_usage = kv_cache_usage
         self._lag_s = lag_s
+        self._preemptions = preemptions
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self._labels), list(self._labels.values())
@@ -71,6 +74,14 @@ class _Gauges(Collector):
             family = GaugeMetricFamily(name, help_text, labels=names)
             family.add_metric(values, float(value))
             yield family
+        if self._preemptions is not None:
+            counter = CounterMetricFamily(
+                "vllm:num_preemptions",
+                "Preemptions of requests whose KV blocks were needed (simulated).",
+                labels=names,
+            )
+            counter.add_metric(values, self._preemptions())
+            yield counter
         if self._lag_s is not None:
             family = GaugeMetricFamily(
                 "simsim:simulation_lag_seconds",
@@ -85,9 +96,10 @@ class _Gauges(Collector):
 class ServerMetrics:
     """The metrics of one served model, fed by the driver (a ``DriverObserver``).
 
-    *counts*, *kv_cache_usage* and *lag_s* are read at every scrape (the driver's
-    :meth:`~simsim.live.driver.LiveDriver.counts`, ``kv_cache_usage`` and ``lag_s``);
-    without *lag_s* there is no ``simsim:simulation_lag_seconds`` gauge.
+    *counts*, *kv_cache_usage*, *lag_s* and *preemptions* are read at every scrape (the
+    driver's :meth:`~simsim.live.driver.LiveDriver.counts`, ``kv_cache_usage``, ``lag_s``
+    and ``preemptions``); without *lag_s* there is no ``simsim:simulation_lag_seconds``
+    gauge, and without *preemptions* no ``vllm:num_preemptions_total``.
     """
 
     def __init__(
@@ -96,6 +108,7 @@ class ServerMetrics:
         counts: Callable[[], tuple[int, int]],
         kv_cache_usage: Callable[[], float | None],
         lag_s: Callable[[], float] | None = None,
+        preemptions: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
@@ -130,6 +143,22 @@ class ServerMetrics:
             "Time from arrival to admission, simulated seconds.",
             _REQUEST_BUCKETS,
         )
+        self._prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Admission to first token, simulated seconds (simsim's first token comes from "
+            "the first decode step).",
+            _REQUEST_BUCKETS,
+        )
+        self._decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "First token to finish of finished requests, simulated seconds.",
+            _REQUEST_BUCKETS,
+        )
+        self._inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Admission to finish of finished requests, simulated seconds.",
+            _REQUEST_BUCKETS,
+        )
         self._prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests.")
         self._generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.")
         self._success = Counter(
@@ -144,7 +173,7 @@ class ServerMetrics:
             [*names, "reason"],
             registry=registry,
         )
-        registry.register(_Gauges(labels, counts, kv_cache_usage, lag_s))
+        registry.register(_ReadAtScrape(labels, counts, kv_cache_usage, lag_s, preemptions))
 
     # ------------------------------------------------------------------ observer
 
@@ -164,8 +193,12 @@ class ServerMetrics:
         if request.generated_token_count == 0 and request.admit_time_us is not None:
             self._admitted(request)
         if request.state is RequestState.FINISHED:
-            assert request.finish_time_us is not None
-            self._e2e.observe((request.finish_time_us - request.arrival_time_us) * _US)
+            finish = request.finish_time_us
+            assert finish is not None and request.admit_time_us is not None
+            self._e2e.observe((finish - request.arrival_time_us) * _US)
+            self._inference_time.observe((finish - request.admit_time_us) * _US)
+            if request.first_token_time_us is not None:
+                self._decode_time.observe((finish - request.first_token_time_us) * _US)
             reason = "length"
         else:
             reason = "abort"
@@ -185,6 +218,8 @@ class ServerMetrics:
         assert request.first_token_time_us is not None
         self._ttft.observe((request.first_token_time_us - request.arrival_time_us) * _US)
         self._admitted(request)
+        assert request.admit_time_us is not None
+        self._prefill_time.observe((request.first_token_time_us - request.admit_time_us) * _US)
 
     def _admitted(self, request: Request) -> None:
         assert request.admit_time_us is not None

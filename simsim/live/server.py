@@ -84,7 +84,11 @@ class LiveServer:
         self.options = options
         self.driver = LiveDriver(engine, speed=speed)
         self.metrics = ServerMetrics(
-            options.model, self.driver.counts, self.driver.kv_cache_usage, self.driver.lag_s
+            options.model,
+            self.driver.counts,
+            self.driver.kv_cache_usage,
+            self.driver.lag_s,
+            self.driver.preemptions,
         )
         self.driver.observer = self.metrics
         self.app = create_app(self.driver, self.metrics, options)
