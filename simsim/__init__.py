@@ -4,6 +4,9 @@ Time is an integer number of microseconds. All figures are simulated behaviour f
 analytical cost model, never measured hardware performance.
 """
 
+import importlib
+from types import ModuleType
+
 from simsim import run_folder, sweeps, traces, workloads
 from simsim._version import __version__
 from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
@@ -73,3 +76,11 @@ __all__ = [
     "traces",
     "workloads",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # simsim.live needs the serve extra, so `import simsim` does not import it: the
+    # attribute imports it on first use (with an install hint if the extra is missing).
+    if name == "live":
+        return importlib.import_module("simsim.live")
+    raise AttributeError(f"module 'simsim' has no attribute {name!r}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -446,3 +448,17 @@ def test_a_request_the_engine_refuses_gets_400_and_changes_nothing() -> None:
         ok = _post(client, "/v1/completions", _completion(prompt=[1, 2]))
         assert ok.status_code == 200 and ok.json()["id"] == "cmpl-0"
     assert 'reason="bad_request"} 1.0' in metrics.render().decode()
+
+
+def test_import_simsim_leaves_the_live_layer_to_first_use() -> None:
+    """``import simsim`` works without the serve extra; ``simsim.live`` imports it."""
+    code = (
+        "import sys, simsim\n"
+        "assert 'simsim.live' not in sys.modules and 'uvicorn' not in sys.modules\n"
+        "assert simsim.live.LiveServer.__name__ == 'LiveServer'\n"
+        "try:\n    simsim.no_such_name\nexcept AttributeError as error:\n    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "module 'simsim' has no attribute 'no_such_name'"
