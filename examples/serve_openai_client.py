@@ -111,7 +111,7 @@ def main() -> pd.DataFrame:
     with LiveServer(make_engine(), speed=SPEED, port=0) as server:
         plain_and_streaming(server.base_url)
         asyncio.run(burst(server.base_url))
-        metrics = server.metrics.render().decode()
+        metrics = server.metrics_text()
 
     requests = server.engine.requests_frame()
     states = Counter(requests["state"])

@@ -474,6 +474,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     from simsim.live import LiveServer, ServeOptions, serving_engine
+    from simsim.live.wire import OptionError
 
     if args.scenario is None:
         scenario = default_serve_scenario()
@@ -504,10 +505,8 @@ def _serve(args: argparse.Namespace) -> int:
             fail_status=args.fail_status,
             fail_seed=args.fail_seed,
         )
-    except ValueError as error:
-        # ServeOptions names its field; the user typed the option.
-        field, _, rule = str(error).partition(" ")
-        raise ScenarioError(_SERVE_OPTIONS.get(field, field), "", rule) from None
+    except OptionError as error:  # it names its field; the user typed the option
+        raise ScenarioError(_SERVE_OPTIONS.get(error.field, error.field), "", error.rule) from None
     try:
         server = LiveServer(
             engine, speed=args.speed, options=options, host=args.host, port=args.port

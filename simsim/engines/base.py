@@ -402,8 +402,10 @@ class EngineBase(ABC):
         Tell the two apart with ``request.generated_token_count >= n``. For a token the
         request already has, or a request already terminal, the event is born processed
         and a ``yield`` resumes at once. Asking twice for the same token gives the same
-        event. Waiting changes nothing in the simulation: the request table and the
-        event log are those of a run nobody watched.
+        event. Waiting changes nothing in the simulation: the request table, and the
+        event log's times, types and order, are those of a run nobody watched (the
+        waiters' own events take sequence numbers, so the log's ``sequence`` column
+        differs).
         """
         self._check_alive()
         rid = check_count(request_id, "request_id")

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -32,6 +33,9 @@ from simsim.live.wire import ApiError, Ask, ServeOptions, parse_completion, read
 from simsim.request import RequestState
 
 __all__ = ["create_app"]
+
+# An injected failure's error type, where OpenAI's is not the generic one for its class.
+_INJECTED_TYPES = {429: "rate_limit_error", 401: "authentication_error", 404: "not_found_error"}
 
 
 class _Server:
@@ -60,7 +64,23 @@ class _Server:
         return Response(status_code=200)
 
     async def models(self, request: HttpRequest) -> Response:
-        card = {
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: HttpRequest) -> Response:
+        name = request.path_params["model"]
+        if name != self.options.model:
+            error = ApiError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.options.model}`.",
+                error_type="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+            return _error_response(error)
+        return JSONResponse(self._card())
+
+    def _card(self) -> dict[str, Any]:
+        return {
             "id": self.options.model,
             "object": "model",
             "created": self.driver.unix_time(0),
@@ -69,7 +89,6 @@ class _Server:
             "parent": None,
             "max_model_len": self.options.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics_page(self, request: HttpRequest) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
@@ -84,7 +103,12 @@ class _Server:
 
     async def _complete(self, request: HttpRequest, *, chat: bool) -> Response:
         try:
-            ask = parse_completion(read_json_object(await request.body()), chat, self.options)
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone before its request was read: nobody to answer
+                self.metrics.rejected("client_disconnect")
+                return Response(status_code=499)
+            ask = parse_completion(read_json_object(raw), chat, self.options)
             self._inject_failure()
             self._check_queue()
             if not self.driver.started:  # shutting down: the simulation has stopped
@@ -98,7 +122,8 @@ class _Server:
                 live = self.driver.submit(ask.prompt_tokens, ask.max_tokens)
             except EngineFailedError as error:
                 raise ApiError(500, str(error), error_type="server_error") from None
-            except (ValueError, TypeError) as error:
+            except (ValueError, TypeError, ArithmeticError) as error:
+                # The engine refuses what it could never run (a time past 64 bits, say).
                 raise ApiError(400, str(error)) from None
         except ApiError as error:
             self.metrics.rejected(
@@ -116,7 +141,9 @@ class _Server:
             raise ApiError(
                 status,
                 f"injected failure (--fail-rate {options.fail_rate}): HTTP {status}",
-                error_type="server_error" if status >= 500 else "invalid_request_error",
+                error_type=_INJECTED_TYPES.get(
+                    status, "server_error" if status >= 500 else "invalid_request_error"
+                ),
                 code="injected_failure",
                 headers=retry,
             )
@@ -292,6 +319,7 @@ def create_app(driver: LiveDriver, metrics: ServerMetrics, options: ServeOptions
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_page, methods=["GET"]),
     ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ _WAITING = (RequestState.WAITING, RequestState.PREEMPTED)
 
 SLICE_S = 0.005
 """The longest the simulation holds the event loop at a time, in wall seconds."""
+
+MAX_LIFETIME_US = 2**56
+"""The longest a served request's own work may take: about 2,283 simulated years, which
+leaves the 64-bit clock room for any queueing and batching on top."""
 
 _SOON = -1  # the timer's due time when it is a call_soon: the simulation is behind
 
@@ -151,6 +156,7 @@ class LiveDriver:
         self.observer = observer
         """Told of each request's life as the simulation produces it; set before start."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_id = 0
         self._origin_s = 0.0
         self._unix_origin_s = 0.0
         self._timer: asyncio.Handle | None = None
@@ -182,6 +188,11 @@ class LiveDriver:
         return tuple(self._actions)
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the driver runs on (``None`` before :meth:`start`)."""
+        return self._loop
+
+    @property
     def failure(self) -> BaseException | None:
         """The error that stopped the engine, if one did."""
         return self._failure
@@ -205,6 +216,7 @@ class LiveDriver:
         simulation fall behind: requests then arrive at the simulation's current time,
         later than the wall clock says, and tokens reach clients late.
         """
+        self._running_here()
         if not self._behind:
             return 0.0
         return max(0, self.now_us() - self._env.now) / self._us_per_second
@@ -220,8 +232,9 @@ class LiveDriver:
         may not have run yet (it runs late when the loop is busy), and a 429 or a
         scrape must see the queue as it is at this simulated time, not as it was.
         """
-        self._advance()
-        self._schedule()
+        if self._running_here():
+            self._advance()
+            self._schedule()
         waiting = 0
         for live in self._unfinished.values():
             if live.request.state in _WAITING:
@@ -230,6 +243,7 @@ class LiveDriver:
 
     def preemptions(self) -> int:
         """How many times a request has been preempted so far (batching with a KV cache)."""
+        self._running_here()
         if self._failure is not None:
             return self._preemptions  # a failed engine's logs can no longer be read
         log = self._engine.event_log
@@ -241,6 +255,7 @@ class LiveDriver:
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of KV blocks in use, or ``None`` for a server without a KV cache."""
+        self._running_here()
         engine = self._engine
         if isinstance(engine, BatchingEngine) and engine.kv_cache is not None:
             return engine.kv_blocks_in_use / engine.kv_cache.total_blocks
@@ -253,6 +268,7 @@ class LiveDriver:
         if self._loop is not None:
             raise RuntimeError("the driver has already been started")
         self._loop = asyncio.get_running_loop()
+        self._thread_id = threading.get_ident()
         self._origin_s = self._loop.time()
         self._unix_origin_s = time.time()
 
@@ -286,6 +302,7 @@ class LiveDriver:
             raise EngineFailedError(f"the simulation stopped: {self._failure}")
         now = self._env.now
         request = Request(self._next_id, now, prompt_token_count, max_output_tokens)
+        self._check_lifetime(request)
         self._engine.submit(request)
         self._next_id += 1
         live = LiveRequest(request)
@@ -314,11 +331,49 @@ class LiveDriver:
 
     # ------------------------------------------------------------------ inside
 
+    def _running_here(self) -> bool:
+        """Whether the driver runs on this thread's loop now; raise from another thread.
+
+        While the driver runs, the simulation belongs to its event loop's thread: read
+        from elsewhere, its state could change under the reader's feet. Once stopped
+        (or before it starts), any thread may read it.
+        """
+        if self._loop is None or self._stopped:
+            return False
+        if threading.get_ident() != self._thread_id:
+            raise RuntimeError(
+                "the live driver is running on another thread's event loop: read it from "
+                "there (or from LiveServer.metrics_text()), or once the server has stopped"
+            )
+        return True
+
     def _check_running(self) -> None:
         if self._loop is None:
             raise RuntimeError("start() the driver inside the event loop first")
         if self._stopped:
             raise RuntimeError("the driver has been stopped")
+
+    def _check_lifetime(self, request: Request) -> None:
+        """Refuse a request whose work alone would take more than :data:`MAX_LIFETIME_US`.
+
+        Offline, a request whose finish would pass the 64-bit clock fails the engine
+        when it is admitted; a live server must not let one client stop the simulation
+        for everyone, so it refuses such a request up front, with room to spare for the
+        queueing and batching that could make it longer still.
+        """
+        backend = self._engine.backend
+        prefill = backend.prefill_us(request.prompt_token_count, 1)
+        step = backend.decode_step_us(1)
+        if type(prefill) is not int or type(step) is not int:
+            return  # the engine checks the backend's answers itself
+        least_us = prefill + request.max_output_tokens * step
+        if least_us > MAX_LIFETIME_US:
+            raise ValueError(
+                f"a request of {request.prompt_token_count} prompt tokens and "
+                f"{request.max_output_tokens} output tokens would run for at least "
+                f"{least_us} us (its prefill and one decode step per token), more than a "
+                f"live server simulates for one request (2**56 us, about 2,283 years)"
+            )
 
     def _watch(self, live: LiveRequest) -> Generator[simpy.Event, Any, None]:
         """A SimPy process: passes each token of *live* to its queue, then the end."""

@@ -132,6 +132,22 @@ class LiveServer:
         """The simulated time the server is at (its last time, once stopped)."""
         return self.engine.env.now
 
+    def metrics_text(self, timeout_s: float = 30.0) -> str:
+        """The ``/metrics`` page now, from any thread.
+
+        While the server runs in a background thread (:meth:`start`), the page is
+        rendered on the server's event loop, where the simulation lives; once stopped,
+        here.
+        """
+        loop = self.driver.loop
+        if self.driver.started and loop is not None and loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._render(), loop)
+            return future.result(timeout_s)
+        return self.metrics.render().decode()
+
+    async def _render(self) -> str:
+        return self.metrics.render().decode()
+
     # ------------------------------------------------------------------ running
 
     def run(self) -> None:

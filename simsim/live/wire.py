@@ -16,7 +16,19 @@ from typing import Any, Final
 
 from simsim.live.tokens import chat_text, count_text_tokens
 
-__all__ = ["ApiError", "Ask", "ServeOptions", "parse_completion", "read_json_object"]
+__all__ = [
+    "MAX_MODEL_LEN",
+    "ApiError",
+    "Ask",
+    "OptionError",
+    "ServeOptions",
+    "parse_completion",
+    "read_json_object",
+]
+
+
+MAX_MODEL_LEN: Final = 2**40
+"""The largest context limit a server takes: far beyond any model, well inside 64 bits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +58,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model must be a non-empty string, got {self.model!r}")
+            raise OptionError("model", f"must be a non-empty string, got {self.model!r}")
         for name, minimum, optional in (
             ("max_model_len", 1, True),
             ("default_max_tokens", 0, False),
@@ -58,15 +70,30 @@ class ServeOptions:
             if value is None and optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+                raise OptionError(name, f"must be an integer, got {value!r}")
             if minimum is not None and value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+                raise OptionError(name, f"must be an integer >= {minimum}, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len > MAX_MODEL_LEN:
+            raise OptionError(
+                "max_model_len", f"must be at most {MAX_MODEL_LEN}, got {self.max_model_len}"
+            )
         rate = self.fail_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ValueError(f"fail_rate must be a number from 0 to 1, got {rate!r}")
+            raise OptionError("fail_rate", f"must be a number from 0 to 1, got {rate!r}")
         status = self.fail_status
         if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-            raise ValueError(f"fail_status must be an HTTP error status 400-599, got {status!r}")
+            raise OptionError(
+                "fail_status", f"must be an HTTP error status 400-599, got {status!r}"
+            )
+
+
+class OptionError(ValueError):
+    """A :class:`ServeOptions` field that breaks its rule; :attr:`field` names it."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field} {rule}")
+        self.field = field
+        self.rule = rule
 
 
 class ApiError(Exception):
@@ -116,7 +143,11 @@ _SAMPLING: Final = frozenset(
 _HINTS: Final = frozenset(
     {
         "prompt_cache_key", "safety_identifier", "service_tier", "metadata", "store",
-        "priority", "request_id", "cache_salt",
+        "priority", "request_id", "cache_salt", "include_stop_str_in_output",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+        "bad_words", "length_penalty", "add_special_tokens", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "structured_outputs", "logits_processors",
+        "return_tokens_as_token_ids", "return_token_ids", "kv_transfer_params", "vllm_xargs",
     }
 )  # fmt: skip
 _COMMON: Final = (
@@ -127,6 +158,8 @@ _CHAT_FIELDS: Final = _COMMON | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
     "tool_choice", "parallel_tool_calls", "reasoning_effort", "verbosity", "modalities",
     "prediction", "web_search_options", "audio", "functions", "function_call",
+    "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "documents", "mm_processor_kwargs",
 }  # fmt: skip
 
 # The types of the accepted-and-ignored fields a client may get wrong (null is always
@@ -167,6 +200,8 @@ def read_json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is JSON nested too deeply to read") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     return body
