@@ -91,6 +91,7 @@ class _Server:
         }
 
     async def metrics_page(self, request: HttpRequest) -> Response:
+        self.driver.catch_up()  # one page, one simulated time: counters and gauges agree
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def completions(self, request: HttpRequest) -> Response:

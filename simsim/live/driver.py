@@ -232,14 +232,23 @@ class LiveDriver:
         may not have run yet (it runs late when the loop is busy), and a 429 or a
         scrape must see the queue as it is at this simulated time, not as it was.
         """
-        if self._running_here():
-            self._advance()
-            self._schedule()
+        self.catch_up()
         waiting = 0
         for live in self._unfinished.values():
             if live.request.state in _WAITING:
                 waiting += 1
         return len(self._unfinished) - waiting, waiting
+
+    def catch_up(self) -> None:
+        """Process every event before the current simulated time, now.
+
+        The loop timer does this as each event's time comes, but it runs late when the
+        loop is busy; a reader that must see the simulation as of now (the 429 rule, a
+        metrics scrape) calls this first. Only on the loop's thread while it runs.
+        """
+        if self._running_here():
+            self._advance()
+            self._schedule()
 
     def preemptions(self) -> int:
         """How many times a request has been preempted so far (batching with a KV cache)."""

@@ -146,6 +146,7 @@ class LiveServer:
         return self.metrics.render().decode()
 
     async def _render(self) -> str:
+        self.driver.catch_up()
         return self.metrics.render().decode()
 
     # ------------------------------------------------------------------ running
