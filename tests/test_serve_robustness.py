@@ -117,6 +117,9 @@ def test_vllm_s_request_extras_are_accepted() -> None:
         "include_stop_str_in_output": False,
         "guided_json": {"type": "object"},
         "structured_outputs": None,
+        "guided_decoding_backend": "xgrammar",
+        "prompt_logprobs": None,
+        "use_beam_search": False,
     }
     with LiveServer(_engine(), speed=50, port=0) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
@@ -127,6 +130,13 @@ def test_vllm_s_request_extras_are_accepted() -> None:
             extra_body=extras,
         )
         assert chat.usage is not None and chat.usage.completion_tokens == 2
+        # ... but not the values that would ask for what simsim cannot give
+        for refused in ({"prompt_logprobs": 3}, {"use_beam_search": True}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(
+                    model="simsim", prompt="hi", max_tokens=1, extra_body=refused
+                )
+            assert caught.value.body["param"] == next(iter(refused))  # type: ignore[index]
 
 
 def test_an_injected_429_is_a_rate_limit_error() -> None:

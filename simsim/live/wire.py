@@ -148,6 +148,7 @@ _HINTS: Final = frozenset(
         "bad_words", "length_penalty", "add_special_tokens", "guided_json", "guided_regex",
         "guided_choice", "guided_grammar", "structured_outputs", "logits_processors",
         "return_tokens_as_token_ids", "return_token_ids", "kv_transfer_params", "vllm_xargs",
+        "guided_decoding_backend", "prompt_logprobs", "use_beam_search",
     }
 )  # fmt: skip
 _COMMON: Final = (
@@ -257,6 +258,8 @@ def parse_completion(body: dict[str, Any], chat: bool, options: ServeOptions) ->
     _only(body, "echo", (None, False), "simsim does not echo the prompt")
     _only(body, "suffix", (None,), "simsim does not model suffixes")
     _only(body, "logprobs", (None, False, 0), "simsim has no log probabilities")
+    _only(body, "prompt_logprobs", (None, 0), "simsim has no log probabilities")
+    _only(body, "use_beam_search", (None, False), "simsim does not model beam search")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
