@@ -177,3 +177,17 @@ def test_capacity_planning_brackets_the_capacity(capsys: pytest.CaptureFixture[s
     verdicts = dict(zip(found.evaluations["value"], found.evaluations["verdict"], strict=True))
     assert verdicts[low] == "meets" and verdicts[high] != "meets"
     assert "Capacity:" in capsys.readouterr().out
+
+
+def test_serve_openai_client_times_the_lone_requests_by_the_cost_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    requests = load("serve_openai_client").main()
+    assert (requests["state"] == "FINISHED").all() and len(requests) == 8
+    tokens = requests["generated_token_count"].tolist()
+    assert tokens[:2] == [5, 4] and sorted(tokens[2:]) == [8, 12, 16, 20, 24, 28]
+    # The first two ran alone: prefill 2000 + 50 x prompt, then 8250 us per token.
+    first, second = requests.iloc[0], requests.iloc[1]
+    assert (first["ttft_us"], first["e2e_latency_us"]) == (2_000 + 50 * 5 + 8_250, 43_500)
+    assert (second["ttft_us"], second["e2e_latency_us"]) == (2_000 + 50 * 8 + 8_250, 35_400)
+    assert "same request table: True" in capsys.readouterr().out
