@@ -164,6 +164,9 @@ class EngineBase(ABC):
         # request id -> {token number -> the event token(rid, n) returned}; empty unless
         # someone waits on a token, so the decode path pays one truth test.
         self._token_waiters: dict[int, dict[int, Event]] = {}
+        # Token events triggered and not yet processed: news for watchers, not work, so
+        # they never decide whether a freed slot is filled now or at the boundary.
+        self._token_notices: set[Event] = set()
         self._boundary_pending = False
         # Set when this timestamp's admission has run: run_next_timestamp() pauses there.
         self._admission_ran = False
@@ -549,8 +552,16 @@ class EngineBase(ABC):
 
     def _work_due_now(self) -> bool:
         """Whether any event is still pending at ``now`` (a server that keeps its work
-        in fewer events than the full model answers for the events it skips)."""
-        return self._env.event_due_now()
+        in fewer events than the full model answers for the events it skips).
+
+        Token events (:meth:`token`) do not count: watching a request must not change
+        when a slot freed between timestamps is filled.
+        """
+        env = self._env
+        if not env.event_due_now():
+            return False
+        notices = self._token_notices
+        return not notices or any(event not in notices for event in env.events_due_now())
 
     @engine_work
     def _admit_between_timestamps(self) -> None:
@@ -584,7 +595,7 @@ class EngineBase(ABC):
         if waiters:
             event = waiters.pop(request.generated_token_count, None)
             if event is not None:
-                event.succeed(request)
+                self._send_token_notice(event, request)
 
     def _notify_terminal(self, request: Request) -> None:
         completions = self._completions
@@ -597,7 +608,12 @@ class EngineBase(ABC):
             if waiters:
                 # Tokens that will never come, in token order.
                 for number in sorted(waiters):
-                    waiters[number].succeed(request)
+                    self._send_token_notice(waiters[number], request)
+
+    def _send_token_notice(self, event: Event, request: Request) -> None:
+        self._token_notices.add(event)
+        event.callbacks.append(self._token_notices.discard)
+        event.succeed(request)
 
 
 def queued_request(request: Request) -> QueuedRequest:
