@@ -29,7 +29,14 @@ from simsim.errors import EngineFailedError
 from simsim.live.driver import LiveDriver, LiveRequest
 from simsim.live.metrics import CONTENT_TYPE, ServerMetrics
 from simsim.live.tokens import filler_text, filler_token
-from simsim.live.wire import ApiError, Ask, ServeOptions, parse_completion, read_json_object
+from simsim.live.wire import (
+    ApiError,
+    Ask,
+    ServeOptions,
+    model_not_found,
+    parse_completion,
+    read_json_object,
+)
 from simsim.request import RequestState
 
 __all__ = ["create_app"]
@@ -60,7 +67,8 @@ class _Server:
 
     async def health(self, request: HttpRequest) -> Response:
         if self.driver.failure is not None:
-            return _error(500, f"the simulation stopped: {self.driver.failure}", "server_error")
+            why = f"the simulation stopped: {self.driver.failure}"
+            return _error_response(ApiError(500, why, error_type="server_error"))
         return Response(status_code=200)
 
     async def models(self, request: HttpRequest) -> Response:
@@ -69,14 +77,7 @@ class _Server:
     async def model(self, request: HttpRequest) -> Response:
         name = request.path_params["model"]
         if name != self.options.model:
-            error = ApiError(
-                404,
-                f"The model `{name}` does not exist; this server serves `{self.options.model}`.",
-                error_type="not_found_error",
-                param="model",
-                code="model_not_found",
-            )
-            return _error_response(error)
+            return _error_response(model_not_found(name, self.options))
         return JSONResponse(self._card())
 
     def _card(self) -> dict[str, Any]:
@@ -259,15 +260,8 @@ class _Served(Response):
                     ended = True
                     break
                 number = update.number
-                text = filler_token(number)
-                if chat:
-                    delta = (
-                        {"role": "assistant", "content": text} if number == 1 else {"content": text}
-                    )
-                    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
-                else:
-                    choice = {"index": 0, "text": text, "logprobs": None}
-                choice["finish_reason"] = "length" if number == last else None
+                finish = "length" if number == last else None
+                choice = _chunk_choice(chat, filler_token(number), number == 1, finish)
                 events.append(_event({**head, "choices": [choice]}))
             if events:
                 await send(
@@ -280,11 +274,7 @@ class _Served(Response):
             return
         if request.state is RequestState.FINISHED:
             if last == 0:  # no token: one empty chunk carries the finish reason
-                if chat:
-                    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}}
-                else:
-                    choice = {"index": 0, "text": ""}
-                choice.update(logprobs=None, finish_reason="length")
+                choice = _chunk_choice(chat, "", True, "length")
                 await _send_event(send, {**head, "choices": [choice]})
             if ask.include_usage:
                 await _send_event(send, {**head, "choices": [], "usage": self._usage()})
@@ -370,10 +360,6 @@ def _server_stopped(server: _Server) -> ApiError:
     return ApiError(500, why, error_type="server_error")
 
 
-def _error(status: int, message: str, error_type: str) -> JSONResponse:
-    return _error_response(ApiError(status, message, error_type=error_type))
-
-
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
@@ -391,6 +377,14 @@ async def _send_json(send: Send, status: int, body: Mapping[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+def _chunk_choice(chat: bool, text: str, first: bool, finish: str | None) -> dict[str, Any]:
+    """A stream chunk's one choice; a chat's first chunk also carries the role."""
+    if chat:
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
 
 def _event(body: Mapping[str, Any]) -> bytes:

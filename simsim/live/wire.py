@@ -22,6 +22,7 @@ __all__ = [
     "Ask",
     "OptionError",
     "ServeOptions",
+    "model_not_found",
     "parse_completion",
     "read_json_object",
 ]
@@ -195,6 +196,17 @@ class Ask:
     include_usage: bool
 
 
+def model_not_found(name: str, options: ServeOptions) -> ApiError:
+    """The 404 for a model *name* this server does not serve."""
+    return ApiError(
+        404,
+        f"The model `{name}` does not exist; this server serves `{options.model}`.",
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def read_json_object(raw: bytes) -> dict[str, Any]:
     """The request body *raw* as a JSON object; :class:`ApiError` (400) otherwise."""
     try:
@@ -231,13 +243,7 @@ def parse_completion(body: dict[str, Any], chat: bool, options: ServeOptions) ->
             400, f"'model' must be a string naming the served model, got {model!r}", param="model"
         )
     if model != options.model:
-        raise ApiError(
-            404,
-            f"The model `{model}` does not exist; this server serves `{options.model}`.",
-            error_type="not_found_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model, options)
     if chat:
         prompt_tokens = _chat_tokens(body.get("messages"))
         key = (
