@@ -9,7 +9,14 @@ from types import ModuleType
 
 from simsim import run_folder, sweeps, traces, workloads
 from simsim._version import __version__
-from simsim.backend import Backend, SimulatedBackend, SimulatedBackendConfig
+from simsim.backend import (
+    Backend,
+    FittedBackend,
+    FittedBackendConfig,
+    SimulatedBackend,
+    SimulatedBackendConfig,
+    StepCostBackend,
+)
 from simsim.clock import Environment, ms_to_us, seconds_to_us
 from simsim.engines import (
     BatchingEngine,
@@ -49,6 +56,8 @@ __all__ = [
     "EventType",
     "FastSimulationEngine",
     "FcfsScheduler",
+    "FittedBackend",
+    "FittedBackendConfig",
     "InvalidTransitionError",
     "IterationRecord",
     "KvCacheConfig",
@@ -63,6 +72,7 @@ __all__ = [
     "SimulationError",
     "StaleDecisionError",
     "StaleEventError",
+    "StepCostBackend",
     "SweepResult",
     "UnknownRequestError",
     "__version__",

@@ -1,26 +1,34 @@
 """The cost model: how many simulated microseconds each piece of work takes.
 
 A backend prices work and knows nothing else. :class:`SimulatedBackend` is the built-in
-linear model; any object with the two methods of :class:`Backend` can replace it. The
-figures are analytical costs that drive a simulation, never measured performance of
-any real hardware or inference runtime.
+linear model in whole microseconds; :class:`FittedBackend` is the richer model that
+``simsim calibrate`` fits to a real server (fractional coefficients, a quadratic prompt
+term, decode costs that grow with the context); any object with the two methods of
+:class:`Backend` can replace them. The figures are analytical costs that drive a
+simulation, never measured performance of any real hardware or inference runtime (a
+fitted model describes the server it was fitted to, on the workload it was fitted on).
 """
 
 from __future__ import annotations
 
+import math
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import Protocol, runtime_checkable
 
 from simsim.clock import MAX_TIME_US, check_count
 
 __all__ = [
     "Backend",
+    "FittedBackend",
+    "FittedBackendConfig",
     "SimulatedBackend",
     "SimulatedBackendConfig",
+    "StepCostBackend",
     "check_duration_us",
     "iteration_cost_us",
+    "round_us",
 ]
 
 
@@ -34,6 +42,24 @@ class Backend(Protocol):
 
     def decode_step_us(self, active_sequence_count: int) -> int:
         """Duration of one decode step over *active_sequence_count* sequences."""
+        ...
+
+
+@runtime_checkable
+class StepCostBackend(Backend, Protocol):
+    """A backend that prices each step from every sequence's work (optional, richer).
+
+    When a backend has ``step_us``, every engine but :class:`~simsim.FastSimulationEngine`
+    (which refuses it) prices all its work with it instead of ``prefill_us`` and
+    ``decode_step_us``: the single slot's prefill is ``step_us(((prompt, 0),), ())``
+    and its decode step ``step_us((), (context,))``; a batching iteration passes every
+    prefilling and every decoding sequence, in admission order.
+    """
+
+    def step_us(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> int:
+        """Duration of one step: *prefills* holds ``(new_tokens, cached_tokens)`` per
+        prefilling sequence (tokens computed now, tokens already in its KV cache),
+        *decodes* the context (tokens in its KV cache) of each decoding sequence."""
         ...
 
 
@@ -184,3 +210,140 @@ def _named(subject: int | str | Callable[[], str]) -> str:
     if isinstance(subject, int):
         return f"request {subject}"
     return subject if isinstance(subject, str) else subject()
+
+
+# ---------------------------------------------------------------------- fitted model
+
+
+def round_us(value: float, what: str = "a duration") -> int:
+    """*value* microseconds as a plain ``int``: the nearest integer, halves rounded up.
+
+    ``floor(value + 0.5)``: the one rounding rule of :class:`FittedBackend`, applied once
+    per priced step. Raises ``OverflowError`` past ``2**63 - 1`` (or for an infinite or
+    NaN total), naming *what*.
+    """
+    if not value <= MAX_TIME_US:  # also catches NaN
+        raise OverflowError(f"{what} = {value} us is past the 64-bit limit 2**63 - 1")
+    return math.floor(value + 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class FittedBackendConfig:
+    """Coefficients of the fitted cost model: finite, non-negative microseconds (floats).
+
+    A step with prefilling sequences *i* (``new_i`` tokens computed now, ``cached_i``
+    already in the KV cache) and decoding sequences *j* (``context_j`` tokens in the KV
+    cache) costs, before the one rounding (:func:`round_us`)::
+
+        prefill part = prefill_base_us + sum over i of (
+                           prefill_per_token_us * new_i
+                         + prefill_per_token_squared_us * new_i * (new_i + 2 * cached_i)
+                         + prefill_per_sequence_us)                      (if anyone prefills)
+        decode part  = decode_base_us + sum over j of (
+                           decode_per_sequence_us
+                         + decode_per_context_token_us * context_j)     (if anyone decodes)
+
+    ``new * (new + 2 * cached)`` is ``(cached + new)**2 - cached**2``: a prompt prefilled
+    in chunks pays the same quadratic (attention) term in total as in one piece.
+    """
+
+    prefill_base_us: float = 0.0
+    prefill_per_token_us: float = 0.0
+    prefill_per_token_squared_us: float = 0.0
+    prefill_per_sequence_us: float = 0.0
+    decode_base_us: float = 0.0
+    decode_per_sequence_us: float = 0.0
+    decode_per_context_token_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"{spec.name} must be a number of microseconds, "
+                    f"got {type(value).__name__} {value!r}"
+                )
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{spec.name} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, spec.name, float(value))
+
+    def as_dict(self) -> dict[str, float]:
+        """The coefficients by name, as a scenario's ``[backend]`` table holds them."""
+        return asdict(self)
+
+
+def _checked_counts(values: Sequence[int], what: str) -> None:
+    for value in values:
+        if type(value) is not int or value < 0:
+            check_count(value, what)
+
+
+class FittedBackend:
+    """The fitted cost model (see :class:`FittedBackendConfig` for the formula).
+
+    It implements :class:`StepCostBackend`: engines pass it every sequence's new and
+    cached tokens, and each step is rounded once to integer microseconds with
+    :func:`round_us`. ``prefill_us`` and ``decode_step_us`` (the :class:`Backend`
+    methods, for code that knows no context) price ``prompt_token_count`` tokens as one
+    sequence with nothing cached plus ``active_batch_size`` sequences' per-sequence
+    cost, and a decode step of sequences with an empty context.
+    """
+
+    __slots__ = ("_config",)
+
+    def __init__(self, config: FittedBackendConfig) -> None:
+        if not isinstance(config, FittedBackendConfig):
+            raise TypeError(f"config must be a FittedBackendConfig, got {type(config).__name__}")
+        self._config = config
+
+    @property
+    def config(self) -> FittedBackendConfig:
+        """The coefficients this backend prices with."""
+        return self._config
+
+    def __repr__(self) -> str:
+        return f"FittedBackend({self._config!r})"
+
+    def step_us(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> int:
+        """One step's cost, rounded once (see :class:`FittedBackendConfig`)."""
+        c = self._config
+        total = 0.0
+        if prefills:
+            news = [new for new, _ in prefills]
+            cached = [old for _, old in prefills]
+            _checked_counts(news, "new_tokens")
+            _checked_counts(cached, "cached_tokens")
+            squares = sum(new * (new + 2 * old) for new, old in zip(news, cached, strict=True))
+            total += (
+                c.prefill_base_us
+                + c.prefill_per_token_us * sum(news)
+                + c.prefill_per_token_squared_us * squares
+                + c.prefill_per_sequence_us * len(news)
+            )
+        if decodes:
+            _checked_counts(decodes, "context_tokens")
+            total += (
+                c.decode_base_us
+                + c.decode_per_sequence_us * len(decodes)
+                + c.decode_per_context_token_us * sum(decodes)
+            )
+        return round_us(total, "step_us")
+
+    def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
+        """A prefill of *prompt_token_count* tokens (one sequence, nothing cached)."""
+        tokens = check_count(prompt_token_count, "prompt_token_count")
+        batch = check_count(active_batch_size, "active_batch_size")
+        c = self._config
+        total = (
+            c.prefill_base_us
+            + c.prefill_per_token_us * tokens
+            + c.prefill_per_token_squared_us * tokens * tokens
+            + c.prefill_per_sequence_us * batch
+        )
+        return round_us(total, f"prefill_us({tokens}, {batch})")
+
+    def decode_step_us(self, active_sequence_count: int) -> int:
+        """A decode step of *active_sequence_count* sequences with an empty context."""
+        count = check_count(active_sequence_count, "active_sequence_count")
+        c = self._config
+        return round_us(c.decode_base_us + c.decode_per_sequence_us * count, "decode_step_us")

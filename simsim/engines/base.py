@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -149,6 +149,11 @@ class EngineBase(ABC):
                 f"env must be a simsim.Environment (integer-microsecond clock), got {kind}"
             )
         self._backend = backend
+        # A StepCostBackend's step_us prices all work when the backend has one.
+        price_step = getattr(backend, "step_us", None)
+        self._price_step: Callable[[Sequence[tuple[int, int]], Sequence[int]], int] | None = (
+            price_step if callable(price_step) else None
+        )
         self._scheduler = scheduler
         self._env = env
         self._requests: dict[int, Request] = {}

@@ -497,13 +497,30 @@ class BatchingEngine(EngineBase):
         prefilling: int,
         decoding: int,
     ) -> int:
-        """The iteration's duration from the backend, every part checked before use."""
+        """The iteration's duration from the backend, every part checked before use.
+
+        A backend with ``step_us`` gets every participant, in admission order: a
+        prefilling one as ``(chunk, tokens already prefilled)``, a decoding one as its
+        context (tokens prefilled plus tokens decoded since its admission).
+        """
 
         def subject() -> str:  # for an error message only: built when one is raised
             ids = [slot.request.request_id for slot, _ in participants]
             who = f"request {ids[0]}" if len(ids) == 1 else f"requests {', '.join(map(str, ids))}"
             return f"the iteration at {now} us ({who})"
 
+        if self._price_step is not None:
+            prefills: list[tuple[int, int]] = []
+            decodes: list[int] = []
+            for slot, chunk in participants:
+                if chunk is None:
+                    decodes.append(slot.prefilled + slot.decoded)
+                else:
+                    prefills.append((chunk, slot.prefilled))
+            cost = self._price_step(prefills, decodes)
+            if type(cost) is int and cost >= 0:
+                return cost
+            return check_duration_us(cost, "step_us", subject)
         if self._iteration_us is None:
             return iteration_cost_us(
                 self._backend, prefill_tokens, prefilling, decoding, subject=subject

@@ -24,7 +24,8 @@ What differs from the full engine, by design:
 * the event log holds only ``REQUEST_ARRIVAL`` and ``REQUEST_COMPLETE`` records (the
   request table is the product; sequence numbers differ from the full engine's);
 * the backend must price work from its arguments alone: one decode step is priced once
-  per request, not once per token;
+  per request, not once per token (so a backend with ``step_us``, whose decode steps
+  grow with the context, is refused with ``TypeError``);
 * a cancellation from *inside* the simulation at the very microsecond a skipped step
   ends wins the tie: the step has not happened. The full engine agrees when the
   cancelling event was scheduled before that step's event was (as a timeout set up
@@ -77,6 +78,12 @@ class FastSimulationEngine(SimulationEngine):
         env: Environment | None = None,
     ) -> None:
         super().__init__(backend, scheduler, max_active_requests=max_active_requests, env=env)
+        if self._price_step is not None:
+            raise TypeError(
+                f"backend {backend!r} prices each step from its context (it has step_us); "
+                "FastSimulationEngine prices one decode step per request, so use "
+                "SimulationEngine for it"
+            )
         # Of the active request: when its prefill ends and what one decode step costs.
         self._prefill_end_us = 0
         self._step_us = 0
@@ -168,7 +175,7 @@ class FastSimulationEngine(SimulationEngine):
         self, request: Request, prefill_end: int
     ) -> tuple[tuple[Callable[[LifecycleEvent], None]], EventType, int]:
         tokens = request.max_output_tokens
-        step = self._decode_step_us(request) if tokens > 0 else 0
+        step = self._decode_step_us(request, request.prompt_token_count) if tokens > 0 else 0
         self._prefill_end_us = prefill_end
         self._step_us = step
         return self._done_callbacks, _COMPLETE, prefill_end + step * tokens

@@ -9,14 +9,17 @@ The arrival enqueues the request's metadata with the scheduler. At the end of a
 timestamp, if the slot is free, the boundary admits the scheduler's head and schedules
 its prefill ``prefill_us(prompt, 1)`` later. Each decode step is scheduled
 ``decode_step_us(1)`` after the previous event; the event that ends the work schedules
-``REQUEST_COMPLETE`` with zero delay, and processing it frees the slot.
+``REQUEST_COMPLETE`` with zero delay, and processing it frees the slot. A backend with
+``step_us`` (:class:`~simsim.StepCostBackend`) prices the prefill as
+``step_us(((prompt, 0),), ())`` and the step that makes token *t* as
+``step_us((), (prompt + t - 1,))``: the context it decodes over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from simsim.backend import Backend
+from simsim.backend import Backend, FittedBackend
 from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.engines.base import (
     EngineBase,
@@ -70,6 +73,11 @@ class SimulationEngine(EngineBase):
         self._prefill_callbacks = (self._on_prefill_complete,)
         self._decode_callbacks = (self._on_decode_step,)
         self._complete_callbacks = (self._on_request_complete,)
+        # The first decode step's cost bounds every later one from below (the overflow
+        # check at the prefill's end relies on it), unless a backend's own step_us may
+        # price later steps cheaper.
+        own_step = getattr(type(backend), "step_us", None)
+        self._steps_grow = self._price_step is None or own_step is FittedBackend.step_us
 
     @property
     def max_active_requests(self) -> int:
@@ -94,8 +102,8 @@ class SimulationEngine(EngineBase):
             self._raise_stale(event)
         tokens = request.max_output_tokens
         if tokens > 0:
-            cost = self._decode_step_us(request)
-            if now + cost * tokens > MAX_TIME_US:
+            cost = self._decode_step_us(request, request.prompt_token_count)
+            if self._steps_grow and now + cost * tokens > MAX_TIME_US:
                 # Refuse now rather than step towards an overflow token by token.
                 raise OverflowError(
                     f"request {request.request_id}: {tokens} output tokens "
@@ -128,7 +136,9 @@ class SimulationEngine(EngineBase):
             limit = request.max_output_tokens
             if tokens < limit:
                 processed = event.requeue(
-                    self._decode_callbacks, _DECODE, now + self._decode_step_us(request)
+                    self._decode_callbacks,
+                    _DECODE,
+                    now + self._decode_step_us(request, request.prompt_token_count + tokens),
                 )
             elif tokens == limit:
                 processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
@@ -152,10 +162,16 @@ class SimulationEngine(EngineBase):
             self._fail(error)
             raise
 
-    def _decode_step_us(self, request: Request) -> int:
-        cost = self._backend.decode_step_us(1)
+    def _decode_step_us(self, request: Request, context: int) -> int:
+        """One decode step of *request* with *context* tokens already in its KV cache."""
+        if self._price_step is None:
+            cost = self._backend.decode_step_us(1)
+            if type(cost) is not int or cost < 0:
+                cost = check_duration_us(cost, "decode_step_us", request.request_id)
+            return cost
+        cost = self._price_step((), (context,))
         if type(cost) is not int or cost < 0:
-            cost = check_duration_us(cost, "decode_step_us", request.request_id)
+            cost = check_duration_us(cost, "step_us", request.request_id)
         return cost
 
     @lifecycle_handler
@@ -187,9 +203,14 @@ class SimulationEngine(EngineBase):
             return
         request = self._proposed(decision)
         rid = request.request_id
-        prefill_us = self._backend.prefill_us(request.prompt_token_count, 1)
-        if type(prefill_us) is not int or prefill_us < 0:
-            prefill_us = check_duration_us(prefill_us, "prefill_us", rid)
+        if self._price_step is None:
+            prefill_us = self._backend.prefill_us(request.prompt_token_count, 1)
+            if type(prefill_us) is not int or prefill_us < 0:
+                prefill_us = check_duration_us(prefill_us, "prefill_us", rid)
+        else:
+            prefill_us = self._price_step(((request.prompt_token_count, 0),), ())
+            if type(prefill_us) is not int or prefill_us < 0:
+                prefill_us = check_duration_us(prefill_us, "step_us", rid)
         # Everything is priced and checked before the scheduler or the request changes.
         callback, event_type, at = self._plan_work(request, now, prefill_us)
         if at > MAX_TIME_US:

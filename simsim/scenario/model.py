@@ -6,7 +6,13 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from simsim.backend import SimulatedBackend, SimulatedBackendConfig
+from simsim.backend import (
+    Backend,
+    FittedBackend,
+    FittedBackendConfig,
+    SimulatedBackend,
+    SimulatedBackendConfig,
+)
 from simsim.clock import Environment
 from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
 from simsim.engines.base import EngineBase
@@ -76,9 +82,7 @@ class BatchingSpec:
     policy: str = "prefill_first"
     kv_cache: KvCacheConfig | None = None
 
-    def build(
-        self, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
-    ) -> BatchingEngine:
+    def build(self, backend: Backend, scheduler: Scheduler, env: Environment) -> BatchingEngine:
         """A :class:`BatchingEngine` with these settings."""
         return BatchingEngine(
             backend,
@@ -99,7 +103,9 @@ class Scenario:
     engine: str = "single_slot"
     batching: BatchingSpec | None = None
     scheduler: str = "fcfs"
-    backend: SimulatedBackendConfig = field(default_factory=SimulatedBackendConfig)
+    backend: SimulatedBackendConfig | FittedBackendConfig = field(
+        default_factory=SimulatedBackendConfig
+    )
     requests: tuple[RequestSpec, ...] = ()
     workload: Workload | None = None
     cancellations: tuple[Cancellation, ...] = ()
@@ -130,8 +136,15 @@ class Scenario:
 
     def build_engine(self, env: Environment | None = None) -> EngineBase:
         """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`), FCFS, idle."""
-        backend = SimulatedBackend(self.backend)
-        return ENGINE_BUILDERS[self.engine](self, backend, FcfsScheduler(), env or Environment())
+        return ENGINE_BUILDERS[self.engine](
+            self, self.build_backend(), FcfsScheduler(), env or Environment()
+        )
+
+    def build_backend(self) -> Backend:
+        """The cost model of the ``[backend]`` table: simulated (default) or fitted."""
+        if isinstance(self.backend, FittedBackendConfig):
+            return FittedBackend(self.backend)
+        return SimulatedBackend(self.backend)
 
     def all_requests(self) -> list[RequestSpec]:
         """Listed, traced and generated requests, in id order; ids must be unique.
@@ -161,24 +174,24 @@ class Scenario:
         return tuple(specs)
 
 
-EngineBuilder = Callable[[Scenario, SimulatedBackend, Scheduler, Environment], EngineBase]
+EngineBuilder = Callable[[Scenario, Backend, Scheduler, Environment], EngineBase]
 """Builds a scenario's engine from its backend, a scheduler and an environment."""
 
 
 def _single_slot(
-    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
 ) -> EngineBase:
     return SimulationEngine(backend, scheduler, env=env)
 
 
 def _single_slot_fast(
-    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
 ) -> EngineBase:
     return FastSimulationEngine(backend, scheduler, env=env)
 
 
 def _batching(
-    scenario: Scenario, backend: SimulatedBackend, scheduler: Scheduler, env: Environment
+    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
 ) -> EngineBase:
     if scenario.batching is None:
         raise ScenarioError(scenario.source, "batching", 'engine "batching" needs [batching]')

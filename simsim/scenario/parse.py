@@ -10,7 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from simsim.backend import SimulatedBackend, SimulatedBackendConfig
+from simsim.backend import (
+    FittedBackendConfig,
+    SimulatedBackend,
+    SimulatedBackendConfig,
+)
 from simsim.clock import Environment
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
@@ -45,6 +49,9 @@ _BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
 _KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
 _SCENARIO_KEYS = ("name", "engine", "seed")
 _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
+_FITTED_BACKEND_KEYS = tuple(FittedBackendConfig.__dataclass_fields__)
+BACKEND_KINDS = ("simulated", "fitted")
+"""``[backend] kind``: the linear model in whole microseconds (default) or the fitted one."""
 _SCHEDULER_KEYS = ("policy",)
 _REQUEST_KEYS = ("request_id", "arrival_time_us", "prompt_token_count", "max_output_tokens")
 _CANCELLATION_KEYS = ("time_us", "request_id")
@@ -94,10 +101,7 @@ def parse_scenario(
     seed = check.integer(head, "seed", "scenario", default=0)
 
     backend_table = check.table(data, "backend", "backend")
-    check.keys(backend_table, _BACKEND_KEYS, "backend")
-    backend = SimulatedBackendConfig(
-        **{key: check.integer(backend_table, key, "backend", default=0) for key in _BACKEND_KEYS}
-    )
+    backend = _parse_backend(check, backend_table)
 
     scheduler_table = check.table(data, "scheduler", "scheduler")
     check.keys(scheduler_table, _SCHEDULER_KEYS, "scheduler")
@@ -129,6 +133,12 @@ def parse_scenario(
         )
 
     batching = _parse_batching(check, data, engine)
+    if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
+        raise check.fail(
+            "backend.kind",
+            "a fitted backend prices each decode step from its context; use engine = "
+            '"single_slot" (the fast engine prices one decode step per request)',
+        )
     if engine == "single_slot_fast" and isinstance(workload, ClosedLoopWorkload):
         # Its users submit and cancel while the simulation runs, in an order that
         # depends on which of two events at the same microsecond comes first, and the
@@ -179,6 +189,24 @@ def parse_scenario(
             f"({', '.join(_BACKEND_KEYS)}), writing 0 explicitly for a cost that is zero",
         )
     return scenario
+
+
+def _parse_backend(
+    check: TomlChecker, table: Mapping[str, Any]
+) -> SimulatedBackendConfig | FittedBackendConfig:
+    """``[backend]``: integer coefficients by default, or ``kind = "fitted"`` and floats."""
+    kind = check.choice(table, "kind", "backend", BACKEND_KINDS, default="simulated")
+    if kind == "simulated":
+        check.keys(table, (*_BACKEND_KEYS, "kind"), "backend")
+        return SimulatedBackendConfig(
+            **{key: check.integer(table, key, "backend", default=0) for key in _BACKEND_KEYS}
+        )
+    check.keys(table, (*_FITTED_BACKEND_KEYS, "kind"), "backend")
+    values = {key: check.number(table, key, "backend", default=0.0) for key in _FITTED_BACKEND_KEYS}
+    for key, value in values.items():
+        if value < 0:
+            raise check.fail(f"backend.{key}", f"must be >= 0 microseconds, got {value!r}")
+    return FittedBackendConfig(**values)
 
 
 def _parse_batching(
