@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import math
@@ -32,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from simsim import __version__
+from simsim.backend import FittedBackendConfig
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import SimulationError
@@ -43,6 +45,7 @@ from simsim.scenario import (
     check_scenario,
     default_scenario,
     default_serve_scenario,
+    load_backend,
     load_scenario,
     run_scenario,
 )
@@ -101,6 +104,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--format", choices=FORMATS, default="csv", help="file format")
     run.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
+    run.add_argument(
+        "--backend",
+        metavar="FILE",
+        default=None,
+        help="take the [backend] table from FILE (e.g. one simsim calibrate wrote)",
+    )
 
     validate = commands.add_parser("validate", help="check a scenario file without running it")
     validate.add_argument("scenario", help="a scenario TOML file")
@@ -138,6 +147,12 @@ def _build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="simulated seconds per wall second (default: %(default)s; 10 runs 10x faster)",
+    )
+    serve.add_argument(
+        "--backend",
+        metavar="FILE",
+        default=None,
+        help="take the [backend] table from FILE (e.g. one simsim calibrate wrote)",
     )
     serve.add_argument("--model", default="simsim", help="the model name served")
     serve.add_argument(
@@ -219,9 +234,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _load(args: argparse.Namespace) -> Scenario:
     if args.seed is not None and args.seed < 0:
         raise ScenarioError("--seed", "", f"must be >= 0, got {args.seed}")
+    backend = getattr(args, "backend", None)
     if args.scenario is None:
-        return default_scenario(0 if args.seed is None else args.seed)
-    return load_scenario(args.scenario, seed=args.seed)
+        scenario = default_scenario(0 if args.seed is None else args.seed)
+        return scenario if backend is None else _with_backend(scenario, backend)
+    return load_scenario(args.scenario, seed=args.seed, backend=backend)
+
+
+def _with_backend(scenario: Scenario, path: str) -> Scenario:
+    """*scenario* with the cost model of the ``[backend]`` table in the file at *path*."""
+    config = load_backend(path)
+    if isinstance(config, FittedBackendConfig) and scenario.engine == "single_slot_fast":
+        raise ScenarioError(
+            path,
+            "backend.kind",
+            "a fitted backend prices each decode step from its context; the scenario's "
+            'engine "single_slot_fast" cannot use it (use "single_slot")',
+        )
+    return dataclasses.replace(scenario, backend=config)
 
 
 def _output_folder(value: str) -> Path:
@@ -478,8 +508,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.scenario is None:
         scenario = default_serve_scenario()
+        if args.backend is not None:
+            scenario = _with_backend(scenario, args.backend)
     else:
-        scenario = load_scenario(args.scenario, require_requests=False)
+        scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:

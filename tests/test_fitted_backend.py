@@ -354,3 +354,75 @@ def test_float_coefficients_are_refused_without_kind_fitted(tmp_path: Path) -> N
     )
     with pytest.raises(ScenarioError, match=r"backend\.prefill_base_us"):
         load_scenario(path)
+
+
+# ---------------------------------------------------------------------- --backend FILE
+
+BACKEND_FILE = """# as simsim calibrate writes it
+[backend]
+kind = "fitted"
+prefill_base_us = 2000.5
+decode_base_us = 700.0
+decode_per_context_token_us = 1.5
+"""
+
+
+def test_run_takes_the_backend_table_from_another_file(tmp_path: Path) -> None:
+    from simsim.cli import main
+    from simsim.run_folder import read_run_folder
+
+    backend = tmp_path / "backend.toml"
+    backend.write_text(BACKEND_FILE, encoding="utf-8")
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(FITTED_SCENARIO.format(engine="single_slot"), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["run", str(scenario), "--out", str(out), "--backend", str(backend)]) == 0
+    request = read_run_folder(tmp_path / "out").table("requests").iloc[0]
+    prefill = round_us(2000.5)
+    steps = [round_us(700 + 1.5 * (100 + t - 1)) for t in (1, 2, 3)]
+    assert request["finish_time_us"] == prefill + sum(steps)
+    loaded = load_scenario(scenario, backend=backend)
+    assert loaded.backend == FittedBackendConfig(
+        prefill_base_us=2000.5, decode_base_us=700.0, decode_per_context_token_us=1.5
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[scenario]\n", "backend: missing or empty table"),
+        ('[backend]\nkind = "fitted"\nspeed = 3\n', "backend.speed: unknown key"),
+        ('[backend]\nkind = "fitted"\ndecode_base_us = -1.0\n', "backend.decode_base_us"),
+    ],
+)
+def test_a_bad_backend_file_is_named_with_its_key(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simsim.cli import main
+
+    backend = tmp_path / "backend.toml"
+    backend.write_text(text, encoding="utf-8")
+    assert main(["run", "--backend", str(backend), "--out", str(tmp_path / "out")]) == 2
+    assert f"{backend}: {message}" in capsys.readouterr().err
+
+
+def test_the_fast_engine_refuses_a_fitted_backend_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simsim.cli import main
+
+    backend = tmp_path / "backend.toml"
+    backend.write_text(BACKEND_FILE, encoding="utf-8")
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(FITTED_SCENARIO.format(engine="single_slot_fast"), encoding="utf-8")
+    text = scenario.read_text(encoding="utf-8")
+    scenario.write_text(
+        text.replace('kind = "fitted"\n', "")
+        .replace("prefill_base_us = 1000.5", "prefill_base_us = 1000")
+        .replace("prefill_per_token_us = 0.25\nprefill_per_token_squared_us = 0.001\n", "")
+        .replace("decode_per_context_token_us = 0.5\n", ""),
+        encoding="utf-8",
+    )
+    load_scenario(scenario)  # a valid file on its own
+    assert main(["run", str(scenario), "--backend", str(backend), "--out", str(tmp_path)]) == 2
+    assert 'use engine = "single_slot"' in capsys.readouterr().err

@@ -31,7 +31,7 @@ from simsim.scenario.model import (
     Scenario,
     Workload,
 )
-from simsim.scenario.parse import load_scenario, parse_scenario
+from simsim.scenario.parse import load_backend, load_scenario, parse_scenario
 from simsim.scenario.run import check_scenario, run_scenario
 from simsim.scenario.trace_table import read_trace_csv
 
@@ -48,6 +48,7 @@ __all__ = [
     "check_scenario",
     "default_scenario",
     "default_serve_scenario",
+    "load_backend",
     "load_scenario",
     "parse_scenario",
     "read_toml",

@@ -32,7 +32,7 @@ from simsim.scenario.workload_table import parse_workload
 from simsim.scheduler import FcfsScheduler
 from simsim.workloads import ClosedLoopWorkload
 
-__all__ = ["load_scenario", "parse_scenario"]
+__all__ = ["load_backend", "load_scenario", "parse_scenario"]
 
 _TOP_KEYS = (
     "scenario",
@@ -58,17 +58,26 @@ _CANCELLATION_KEYS = ("time_us", "request_id")
 
 
 def load_scenario(
-    path: str | Path, *, seed: int | None = None, require_requests: bool = True
+    path: str | Path,
+    *,
+    seed: int | None = None,
+    require_requests: bool = True,
+    backend: str | Path | None = None,
 ) -> Scenario:
     """Read and validate a TOML scenario file; *seed* overrides the file's seed.
 
     The file must give its costs in a ``[backend]`` table (zeros written out are fine).
-    Without *require_requests* (``simsim serve``, whose clients send the requests), a
-    file with no ``[[requests]]``, ``[trace]`` or ``[workload]`` is accepted.
+    *backend*, a second TOML file (such as the one ``simsim calibrate`` writes), replaces
+    that table with its own ``[backend]`` table (its other tables are not read). Without
+    *require_requests* (``simsim serve``, whose clients send the requests), a file with
+    no ``[[requests]]``, ``[trace]`` or ``[workload]`` is accepted.
     """
     path = Path(path)
+    data = read_toml(path)
+    if backend is not None:
+        data = {**data, "backend": _backend_table(backend)[1]}
     scenario = parse_scenario(
-        read_toml(path),
+        data,
         source=str(path),
         base_dir=path.parent,
         require_backend=True,
@@ -189,6 +198,26 @@ def parse_scenario(
             f"({', '.join(_BACKEND_KEYS)}), writing 0 explicitly for a cost that is zero",
         )
     return scenario
+
+
+def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig:
+    """The cost model in the ``[backend]`` table of the TOML file at *path*.
+
+    Such as the file ``simsim calibrate`` writes; other tables in the file are not read.
+    Errors (:class:`ScenarioError`) name *path*: a missing or empty table, a bad key or
+    value.
+    """
+    check, table = _backend_table(path)
+    return _parse_backend(check, table)
+
+
+def _backend_table(path: str | Path) -> tuple[TomlChecker, Mapping[str, Any]]:
+    check = TomlChecker(str(path))
+    table = check.table(read_toml(path), "backend", "backend")
+    if not table:
+        raise check.fail("backend", "missing or empty table: the file gives no cost model")
+    _parse_backend(check, table)
+    return check, table
 
 
 def _parse_backend(
