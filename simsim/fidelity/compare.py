@@ -202,7 +202,16 @@ class Comparison:
         draw: list[tuple[str, Callable[[], Figure]]] = []
         if figures:
             # Imported first, so a missing matplotlib stops the write before any file.
-            from simsim import plots
+            try:
+                from simsim import plots
+            except ImportError as error:
+                if (error.name or "").split(".")[0] != "matplotlib":
+                    raise
+                raise ImportError(
+                    "the comparison's figures need matplotlib, which is not installed: "
+                    "pip install 'simsim[plot]' (or write(..., figures=False))",
+                    name=error.name,
+                ) from error
 
             draw = [
                 (OUTPUT_FILES["cdf"], lambda: draw_comparison_cdfs(self)),
@@ -243,15 +252,25 @@ def compare_runs(
     columns, is empty, repeats a request id, has a negative latency, or shares no request
     id with the other side; ``FileNotFoundError`` for a folder that is not a run's.
     """
+    for letter, run in (("A", measured), ("B", simulated)):
+        if not isinstance(run, pd.DataFrame | RunFolder | str | os.PathLike):
+            raise TypeError(
+                f"{letter}: expected a results folder, a RunFolder or a requests DataFrame, "
+                f"got {type(run).__name__}"
+            )
     checked = _check_percentiles(percentiles)
     names = _labels(measured, simulated, labels)
-    a = _requests(measured, f"A ({names[0]})")
-    b = _requests(simulated, f"B ({names[1]})")
+    sides = tuple(
+        letter if name == letter else f"{letter} ({name})"
+        for letter, name in zip("AB", names, strict=True)
+    )
+    a = _requests(measured, sides[0])
+    b = _requests(simulated, sides[1])
     a_ids, b_ids = set(a["request_id"].tolist()), set(b["request_id"].tolist())
     matched_ids = a_ids & b_ids
     if not matched_ids:
         raise ValueError(
-            f"A ({names[0]}) and B ({names[1]}) share no request_id, so no request can be "
+            f"{sides[0]} and {sides[1]} share no request_id, so no request can be "
             f"compared (A's ids {_id_range(a_ids)}, B's {_id_range(b_ids)}); compare runs "
             "of the same workload"
         )
@@ -308,11 +327,6 @@ def _requests(run: RunInput, side: str) -> pd.DataFrame:
     if isinstance(run, pd.DataFrame):
         frame, where = run, f"{side}: the requests DataFrame"
     else:
-        if not isinstance(run, RunFolder | str | os.PathLike):
-            raise TypeError(
-                f"{side}: expected a results folder, a RunFolder or a requests DataFrame, "
-                f"got {type(run).__name__}"
-            )
         try:
             folder = run if isinstance(run, RunFolder) else read_run_folder(run)
             frame = folder.table("requests")
