@@ -6,7 +6,9 @@ scenario (the built-in default when none is given), prints a summary table and w
 checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
 [--workers N | --dask ADDRESS]`` runs a sweep or capacity search file, writing each
 finished run at once so that running it again resumes. ``simsim plot DIR`` draws
-figures from a run's or a sweep's results folder. ``simsim serve [SCENARIO.toml]``
+figures from a run's or a sweep's results folder. ``simsim compare A B [--out DIR]``
+prints how far run B's latencies are from run A's, request by request and by
+percentile (``docs/fidelity-compare.md``). ``simsim serve [SCENARIO.toml]``
 serves the scenario's server as an OpenAI-compatible HTTP API whose timing comes from
 the simulation (``docs/serve.md``). Exit status: 0 on success, 1 when a simulation
 fails, 2 for a bad scenario, sweep file or arguments.
@@ -191,6 +193,30 @@ def _build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
     plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
     plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare two results folders' latencies (measured against simulated, say)",
+        description="Per-request errors |B - A| / A of TTFT, TPOT and E2E, and each "
+        "distribution's percentiles, with A the reference (docs/fidelity-compare.md). Two "
+        "measurements of one workload give the server's run-to-run noise.",
+    )
+    compare.add_argument("a", metavar="A_DIR", help="the reference run's results folder")
+    compare.add_argument("b", metavar="B_DIR", help="the results folder compared with it")
+    compare.add_argument(
+        "--out",
+        default=None,
+        help="write the tables, a JSON summary and figures here (figures need simsim[plot])",
+    )
+    compare.add_argument(
+        "--labels", default=None, metavar="A,B", help="names of the two runs (default: folders')"
+    )
+    compare.add_argument(
+        "--percentiles",
+        default="50,90,99",
+        metavar="P,P,...",
+        help="distribution percentiles to compare (default: %(default)s)",
+    )
     return parser
 
 
@@ -206,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _sweep(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "compare":
+            return _compare(args)
         return _plot(args)
     except ScenarioError as error:
         print(f"simsim: error: {error}", file=sys.stderr)
@@ -770,6 +798,51 @@ def _plot(args: argparse.Namespace) -> int:
         return 2
     for path in written:
         print(path)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from simsim.fidelity.compare import compare_runs
+
+    if args.out is not None and importlib.util.find_spec("matplotlib") is None:
+        print(
+            "simsim: error: compare --out draws figures, which needs matplotlib: "
+            f"{_install('plot')}",
+            file=sys.stderr,
+        )
+        return 2
+    labels = None
+    if args.labels is not None:
+        names = args.labels.split(",")
+        if len(names) != 2 or not all(name.strip() for name in names):
+            raise ScenarioError(
+                "--labels", "", f"must be two names separated by a comma, got {args.labels!r}"
+            )
+        labels = (names[0].strip(), names[1].strip())
+    try:
+        percentiles = [float(value) for value in args.percentiles.split(",")]
+    except ValueError:
+        raise ScenarioError(
+            "--percentiles",
+            "",
+            f"must be numbers separated by commas (50,90,99), got {args.percentiles!r}",
+        ) from None
+    out = _output_folder(args.out) if args.out is not None else None
+    try:
+        comparison = compare_runs(args.a, args.b, percentiles=percentiles, labels=labels)
+    except (OSError, ValueError, ImportError) as error:
+        print(f"simsim: error: {error}", file=sys.stderr)
+        return 2
+    print(comparison.table())
+    if out is not None:
+        try:
+            written = comparison.write(out)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise ScenarioError(
+                "--out", "", f"cannot write {error.filename or out} ({reason})"
+            ) from None
+        print(f"written to {out}/: {', '.join(path.name for path in written)}")
     return 0
 
 
