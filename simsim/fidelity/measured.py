@@ -232,7 +232,11 @@ class MeasuredRun:
         return summarize(self.requests)
 
     def write(self, folder: str | Path, *, format: Format = "csv") -> list[Path]:
-        """Write the measured folder (``requests``, ``tokens``, ``summary``, ``run.json``)."""
+        """Write the measured folder (``requests``, ``tokens``, ``summary``, ``run.json``).
+
+        *folder* is created if missing; tables of an earlier run in it are replaced.
+        """
+        Path(folder).mkdir(parents=True, exist_ok=True)
         return write_run_folder(
             folder,
             {
