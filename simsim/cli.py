@@ -10,7 +10,7 @@ figures from a run's or a sweep's results folder. ``simsim serve [SCENARIO.toml]
 serves the scenario's server as an OpenAI-compatible HTTP API whose timing comes from
 the simulation (``docs/serve.md``). ``simsim replay SCENARIO.toml --url URL --out DIR``
 plays a scenario's requests against a real server and writes what it measured
-(``docs/fidelity-replay.md``). Exit status: 0 on success, 1 when a simulation fails (or
+(``docs/fidelity.md``). Exit status: 0 on success, 1 when a simulation fails (or
 a replayed request failed), 2 for a bad scenario, sweep file or arguments.
 """
 
@@ -617,7 +617,7 @@ def _add_replay_parser(commands: Any) -> None:
         help="play a scenario's requests against a real OpenAI-compatible server and measure",
         description="Send the scenario's requests to URL/v1/completions at their arrival "
         "times (real time, open loop, streamed, cancelled on schedule) and write what was "
-        "measured as a results folder (docs/fidelity-replay.md).",
+        "measured as a results folder (docs/fidelity.md).",
     )
     replay.add_argument("scenario", help="a scenario TOML file (open-loop requests)")
     replay.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")

@@ -70,7 +70,7 @@ MEASURED_REQUEST_DTYPES: Final[Mapping[str, str]] = {
     "error": "str",
 }
 """The columns a measured requests table appends to the simulation's, with their dtypes
-(``docs/fidelity-replay.md`` says what each holds)."""
+(``docs/fidelity.md`` says what each holds)."""
 
 _MANIFEST_KEYS: Final = ("format", "tables", "scenario", "seed", "end_us", "simsim_version")
 

@@ -51,7 +51,8 @@ from simsim.fidelity.replay import (
     stream_completion,
 )
 from simsim.live import LiveServer, ServeOptions
-from simsim.run_folder import read_run_folder
+from simsim.results import requests_frame
+from simsim.run_folder import read_run_folder, write_run_folder
 from simsim.scenario import Scenario, ScenarioError, load_scenario, run_scenario
 from simsim.scenario.model import Cancellation, RequestSpec
 
@@ -401,6 +402,38 @@ def test_the_prompt_seed_fixes_the_prompts(monkeypatch: pytest.MonkeyPatch) -> N
     assert sorted(prompts[:2]) == sorted(prompts[2:4])  # the same seed, the same prompts
     assert not set(prompts[4:]) & set(prompts[:2])  # a fresh seed, fresh prompts
     assert all(len(p) == 6 and all(3 <= t <= 1002 for t in p) for p in prompts)
+
+
+@pytest.mark.parametrize("models_status", [200, 404])
+def test_the_model_list_is_read_before_time_zero_even_for_a_named_model(
+    monkeypatch: pytest.MonkeyPatch, models_status: int
+) -> None:
+    # The client's one-time set-up happens on that first request, not on request 0's.
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/v1/models":
+            return httpx.Response(models_status, json={"data": [{"id": "listed"}]})
+        assert json.loads(request.content)["model"] == "named"
+        return httpx.Response(200, content=_sse(_choice(" a", "length")))
+
+    monkeypatch.setattr(httpx, "AsyncHTTPTransport", lambda **_: httpx.MockTransport(handler))
+    run = replay_scenario(scenario([(0, 2, 1)]), "http://server:1", model="named")
+    assert paths == ["/v1/models", "/v1/completions"]
+    assert run.requests["state"].tolist() == ["FINISHED"]
+    assert run.measured["model"] == "named"
+
+
+def test_the_manifest_takes_extra_keys_but_not_standard_ones(tmp_path: Path) -> None:
+    frame = requests_frame([])
+    write_run_folder(tmp_path, {"requests": frame}, extra={"measured": {"url": "u"}})
+    assert read_run_folder(tmp_path).manifest["measured"] == {"url": "u"}
+    with pytest.raises(ValueError, match=r"extra manifest keys \['seed'\] would replace"):
+        write_run_folder(tmp_path / "x", {"requests": frame}, extra={"seed": 3})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        write_run_folder(tmp_path / "x", {"requests": frame}, extra={"measured": {1, 2}})
+    assert not (tmp_path / "x").exists()  # refused before anything was written
 
 
 # ------------------------------------------------------------------ bad arguments

@@ -1,7 +1,7 @@
 """A measured run: what a real server did with a scenario's requests, as simsim's frames.
 
 :func:`measured_frames` turns the client's record of each request (:class:`RequestRecord`)
-into the tables a measured results folder holds (``docs/fidelity-replay.md``):
+into the tables a measured results folder holds (``docs/fidelity.md``):
 
 - ``requests``: simsim's :data:`~simsim.results.REQUEST_COLUMNS` first, with the same
   dtypes and the derived latencies computed by :func:`simsim.results.requests_frame`
