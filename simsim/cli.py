@@ -10,8 +10,10 @@ figures from a run's or a sweep's results folder. ``simsim compare A B [--out DI
 prints how far run B's latencies are from run A's, request by request and by
 percentile (``docs/fidelity-compare.md``). ``simsim serve [SCENARIO.toml]``
 serves the scenario's server as an OpenAI-compatible HTTP API whose timing comes from
-the simulation (``docs/serve.md``). Exit status: 0 on success, 1 when a simulation
-fails, 2 for a bad scenario, sweep file or arguments.
+the simulation (``docs/serve.md``). ``simsim replay SCENARIO.toml --url URL --out DIR``
+plays a scenario's requests against a real server and writes what it measured
+(``docs/fidelity.md``). Exit status: 0 on success, 1 when a simulation fails (or
+a replayed request failed), 2 for a bad scenario, sweep file or arguments.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
+import json
 import math
 import os
 import signal
@@ -29,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 import pandas as pd
@@ -56,6 +59,9 @@ from simsim.sweeps.signals import SweepStopped
 from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import RUNS_FILE, SUMMARY_FILE, SweepResult, is_sweep_folder
 from simsim.sweeps.sweep_file import CAPACITY_FILE, run_sweep
+
+if TYPE_CHECKING:
+    from simsim.fidelity.replay import ReplayOptions
 
 __all__ = ["main"]
 
@@ -190,6 +196,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--format", choices=FORMATS, default="csv", help="--record's file format")
 
+    _add_replay_parser(commands)
+
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
     plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
     plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
@@ -232,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _sweep(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "replay":
+            return _replay(args)
         if args.command == "compare":
             return _compare(args)
         return _plot(args)
@@ -300,19 +310,27 @@ def _output_folder(value: str) -> Path:
     return out
 
 
-def _run(args: argparse.Namespace) -> int:
-    scenario = _load(args)
+def _run_output_folder(args: argparse.Namespace) -> Path | None:
+    """``--out`` made ready for a run's tables in ``--format``; ``None`` (said why) if not."""
     if args.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
         print(
             f"simsim: error: --format parquet needs pyarrow: {_install('parquet')}",
             file=sys.stderr,
         )
-        return 2
+        return None
     out = _output_folder(args.out)
     if is_sweep_folder(out):
         raise ScenarioError(
             "--out", "", f"{out} holds a sweep (it has sweep.json); give another folder"
         )
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = _load(args)
+    out = _run_output_folder(args)
+    if out is None:
+        return 2
     replacing = holds_a_run(out)
     started = time.monotonic()
     try:
@@ -651,6 +669,128 @@ def _record_folder(value: str | None) -> Path | None:
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise _Terminated
+
+
+def _add_replay_parser(commands: Any) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="play a scenario's requests against a real OpenAI-compatible server and measure",
+        description="Send the scenario's requests to URL/v1/completions at their arrival "
+        "times (real time, open loop, streamed, cancelled on schedule) and write what was "
+        "measured as a results folder (docs/fidelity.md).",
+    )
+    replay.add_argument("scenario", help="a scenario TOML file (open-loop requests)")
+    replay.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    replay.add_argument("--out", required=True, help="the measured results folder")
+    replay.add_argument("--format", choices=FORMATS, default="csv", help="file format")
+    replay.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
+    replay.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    replay.add_argument(
+        "--token-ids",
+        metavar="LOW-HIGH",
+        default="3-1002",
+        help="prompt token ids drawn from LOW to HIGH, both included (default: %(default)s)",
+    )
+    replay.add_argument(
+        "--prompt-seed", type=int, default=None, help="seed of the prompt ids (default: fresh)"
+    )
+    replay.add_argument(
+        "--ban-tokens", metavar="IDS", default="", help="comma-separated ids given logit_bias -100"
+    )
+    replay.add_argument(
+        "--extra-body",
+        metavar="JSON",
+        default="{}",
+        help="more request fields, e.g. '{\"cache_prompt\": false}' for llama.cpp",
+    )
+    replay.add_argument(
+        "--no-exact-output",
+        action="store_true",
+        help="do not send ignore_eos and min_tokens (for a server that refuses them)",
+    )
+    replay.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait to connect or for the next chunk (default: %(default)s)",
+    )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("httpx") is None:
+        print(f"simsim: error: replay needs httpx: {_install('fidelity')}", file=sys.stderr)
+        return 2
+    from simsim.fidelity import replay
+
+    scenario = _load(args)
+    replay.planned_requests(scenario)  # a closed-loop workload is refused before anything
+    options = _replay_options(args)
+    try:
+        replay.server_root(args.url)
+    except ValueError as error:
+        raise ScenarioError("--url", "", str(error)) from None
+    out = _run_output_folder(args)
+    if out is None:
+        return 2
+    try:
+        run = replay.replay_scenario(
+            scenario,
+            args.url,
+            model=args.model,
+            options=options,
+            progress=ProgressBar(sys.stderr, "replaying"),
+        )
+    except replay.ReplayError as error:
+        print(f"simsim: error: {error}", file=sys.stderr)
+        return 1
+    try:
+        run.write(out, format=args.format)
+    except OSError as error:
+        raise ScenarioError("--out", "", f"cannot write {error.filename or out}") from None
+    print(replay.replay_report(run))
+    print(f"results in {out}/ ({args.format}): requests, tokens, summary, run.json")
+    return 1 if (run.requests["state"] == "FAILED").any() else 0
+
+
+def _replay_options(args: argparse.Namespace) -> ReplayOptions:
+    """The ``ReplayOptions`` the replay flags ask for; a bad flag is named (exit 2)."""
+    from simsim.fidelity.replay import ReplayOptionError, ReplayOptions
+
+    low, _, high = args.token_ids.partition("-")
+    try:
+        token_ids = (int(low), int(high))
+    except ValueError:
+        raise ScenarioError(
+            "--token-ids", "", f"must be LOW-HIGH, two token ids, got {args.token_ids!r}"
+        ) from None
+    try:
+        bans = tuple(int(part) for part in args.ban_tokens.split(",") if part.strip())
+    except ValueError:
+        raise ScenarioError(
+            "--ban-tokens", "", f"must be comma-separated token ids, got {args.ban_tokens!r}"
+        ) from None
+    try:
+        extra = json.loads(args.extra_body)
+    except ValueError as error:
+        raise ScenarioError("--extra-body", "", f"is not JSON ({error})") from None
+    flags = {
+        "token_ids": "--token-ids",
+        "prompt_seed": "--prompt-seed",
+        "ban_tokens": "--ban-tokens",
+        "extra_body": "--extra-body",
+        "timeout_s": "--timeout",
+    }
+    try:
+        return ReplayOptions(
+            token_ids=token_ids,
+            prompt_seed=args.prompt_seed,
+            ban_tokens=bans,
+            extra_body=extra,
+            timeout_s=args.timeout,
+            exact_output=not args.no_exact_output,
+        )
+    except ReplayOptionError as error:  # it names its field; the user typed the flag
+        raise ScenarioError(flags.get(error.field, error.field), "", error.rule) from None
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -2,7 +2,10 @@
 
 ``simsim run --out DIR`` writes one file per table (:data:`RUN_TABLES`), all in one
 format (CSV or parquet), and ``run.json``, the folder's manifest: the format, the
-tables it holds, the scenario, the seed and the simsim version. :func:`read_run_folder`
+tables it holds, the scenario, the seed and the simsim version. ``simsim replay``
+writes a *measured* folder the same way: the requests a real server answered (the
+simulation's columns, then :data:`MEASURED_REQUEST_DTYPES`' columns), a ``tokens``
+table (:data:`MEASURED_TABLES`) and a manifest with a ``measured`` key. :func:`read_run_folder`
 reads them back with the dtypes the frames had (CSV keeps none: ``Int64`` times would
 come back as floats), so ``simsim plot`` and a user's own notebook see the tables the
 run produced. Nothing here draws or runs anything.
@@ -24,8 +27,11 @@ from simsim.records import ITERATION_COLUMNS
 from simsim.results import REQUEST_COLUMNS, requests_frame
 
 __all__ = [
+    "FOLDER_TABLES",
     "FORMATS",
     "MANIFEST",
+    "MEASURED_REQUEST_DTYPES",
+    "MEASURED_TABLES",
     "RUN_TABLES",
     "Format",
     "RunFolder",
@@ -45,6 +51,29 @@ MANIFEST: Final = "run.json"
 RUN_TABLES: Final = ("requests", "events", "admissions", "iterations", "summary")
 """The tables a run writes, in this order (``iterations`` only for the batching server)."""
 
+MEASURED_TABLES: Final = ("tokens",)
+"""The tables only a measured folder (``simsim replay``) holds: ``tokens``, one row per
+token received (``request_id``, ``token_index`` from 1, ``time_us``)."""
+
+FOLDER_TABLES: Final = (*RUN_TABLES, *MEASURED_TABLES)
+"""Every table a results folder may hold, in the order they are written."""
+
+MEASURED_REQUEST_DTYPES: Final[Mapping[str, str]] = {
+    "scheduled_time_us": "Int64",
+    "send_lag_us": "Int64",
+    "cancel_time_us": "Int64",
+    "chunk_token_count": "int64",
+    "usage_prompt_tokens": "Int64",
+    "usage_completion_tokens": "Int64",
+    "http_status": "Int64",
+    "response_id": "str",
+    "error": "str",
+}
+"""The columns a measured requests table appends to the simulation's, with their dtypes
+(``docs/fidelity.md`` says what each holds)."""
+
+_MANIFEST_KEYS: Final = ("format", "tables", "scenario", "seed", "end_us", "simsim_version")
+
 # The dtypes CSV loses, per table; columns not listed are read as pandas infers them.
 _INT64 = "Int64"
 _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
@@ -60,12 +89,14 @@ _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
         "abandoned": "bool",
     },
     "summary": {"value": "float64"},
+    "tokens": {"request_id": "int64", "token_index": "int64", "time_us": _INT64},
 }
 
 
 def _dtypes(name: str) -> Mapping[str, str]:
     if name == "requests":
-        return {str(column): str(dtype) for column, dtype in requests_frame([]).dtypes.items()}
+        simulated = {str(column): str(dtype) for column, dtype in requests_frame([]).dtypes.items()}
+        return {**simulated, **MEASURED_REQUEST_DTYPES}
     return _TABLE_DTYPES.get(name, {})
 
 
@@ -77,35 +108,44 @@ def write_run_folder(
     scenario: str | None = None,
     seed: int | None = None,
     end_us: int | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write *tables* (name -> frame, names from :data:`RUN_TABLES`) and the manifest.
+    """Write *tables* (name -> frame, names from :data:`FOLDER_TABLES`) and the manifest.
 
-    *folder* must exist. Tables an earlier run left there (any of :data:`RUN_TABLES`,
+    *folder* must exist. Tables an earlier run left there (any of :data:`FOLDER_TABLES`,
     in either format) that this run does not write are removed, so the folder holds
     one run. *end_us*, when given, is the simulated time the run ended at (a served
-    session's stop time, with requests still running): plots draw up to it. Returns
-    the paths written, the manifest last. Raises ``ValueError`` for an
-    unknown table or format and ``OSError`` when a file cannot be written; the
-    manifest is written only after every table, so a folder with a manifest is
-    complete.
+    session's stop time, with requests still running): plots draw up to it. *extra*
+    adds keys to the manifest after the standard ones (JSON values; ``simsim replay``
+    adds ``measured``); it may not replace a standard key. Returns the paths written,
+    the manifest last. Raises ``ValueError`` for an unknown table or format or an
+    *extra* key that clashes, ``TypeError`` for an *extra* value JSON cannot hold, and
+    ``OSError`` when a file cannot be written; the manifest is written only after
+    every table, so a folder with a manifest is complete.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    unknown = [name for name in tables if name not in RUN_TABLES]
+    unknown = [name for name in tables if name not in FOLDER_TABLES]
     if unknown:
-        raise ValueError(f"unknown run tables {unknown}; a run folder holds {RUN_TABLES}")
+        raise ValueError(f"unknown run tables {unknown}; a run folder holds {FOLDER_TABLES}")
+    clashing = sorted(set(extra or {}) & set(_MANIFEST_KEYS))
+    if clashing:
+        raise ValueError(
+            f"extra manifest keys {clashing} would replace standard ones {_MANIFEST_KEYS}"
+        )
+    extra_text = json.dumps(dict(extra or {}))  # a TypeError before anything is touched
     folder = Path(folder)
     # An earlier run's manifest goes first: until the new one is written, the folder
     # has none, so a write that fails half-way never passes for a complete run.
     (folder / MANIFEST).unlink(missing_ok=True)
     # Tables of an earlier run that this one does not write would be read as its own.
-    for name in RUN_TABLES:
+    for name in FOLDER_TABLES:
         for other in FORMATS:
             stale = folder / f"{name}.{other}"
             if (name not in tables or other != format) and stale.is_file():
                 stale.unlink()
     written = []
-    for name in RUN_TABLES:
+    for name in FOLDER_TABLES:
         if name not in tables:
             continue
         path = folder / f"{name}.{format}"
@@ -116,11 +156,12 @@ def write_run_folder(
         written.append(path)
     manifest = {
         "format": format,
-        "tables": [name for name in RUN_TABLES if name in tables],
+        "tables": [name for name in FOLDER_TABLES if name in tables],
         "scenario": scenario,
         "seed": seed,
         "end_us": end_us,
         "simsim_version": __version__,
+        **json.loads(extra_text),
     }
     path = folder / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -204,7 +245,7 @@ def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
             "into an empty folder"
         )
     only: Format = "csv" if found == ["csv"] else "parquet"
-    tables = tuple(name for name in RUN_TABLES if (path / f"{name}.{only}").is_file())
+    tables = tuple(name for name in FOLDER_TABLES if (path / f"{name}.{only}").is_file())
     return RunFolder(path, only, tables, {})
 
 
@@ -232,5 +273,5 @@ def _read(path: Path, fmt: Format, dtypes: Mapping[str, str]) -> pd.DataFrame:
 def holds_a_run(folder: str | os.PathLike[str]) -> bool:
     """Whether *folder* holds tables (or the manifest) of an earlier run."""
     path = Path(folder)
-    names = [MANIFEST, *(f"{name}.{fmt}" for name in RUN_TABLES for fmt in FORMATS)]
+    names = [MANIFEST, *(f"{name}.{fmt}" for name in FOLDER_TABLES for fmt in FORMATS)]
     return any((path / name).is_file() for name in names)
