@@ -197,6 +197,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--format", choices=FORMATS, default="csv", help="--record's file format")
 
     _add_replay_parser(commands)
+    _add_calibrate_parser(commands)
 
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
     plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
@@ -244,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _plot(args)
     except ScenarioError as error:
         print(f"simsim: error: {error}", file=sys.stderr)
@@ -684,36 +687,97 @@ def _add_replay_parser(commands: Any) -> None:
     replay.add_argument("--out", required=True, help="the measured results folder")
     replay.add_argument("--format", choices=FORMATS, default="csv", help="file format")
     replay.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
-    replay.add_argument("--model", default=None, help="default: the first of GET /v1/models")
-    replay.add_argument(
+    _add_client_arguments(replay)
+
+
+def _add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """The request options ``simsim replay`` and ``simsim calibrate`` share."""
+    parser.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    parser.add_argument(
         "--token-ids",
         metavar="LOW-HIGH",
         default="3-1002",
         help="prompt token ids drawn from LOW to HIGH, both included (default: %(default)s)",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--prompt-seed", type=int, default=None, help="seed of the prompt ids (default: fresh)"
     )
-    replay.add_argument(
+    parser.add_argument(
         "--ban-tokens", metavar="IDS", default="", help="comma-separated ids given logit_bias -100"
     )
-    replay.add_argument(
+    parser.add_argument(
         "--extra-body",
         metavar="JSON",
         default="{}",
         help="more request fields, e.g. '{\"cache_prompt\": false}' for llama.cpp",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--no-exact-output",
         action="store_true",
         help="do not send ignore_eos and min_tokens (for a server that refuses them)",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--timeout",
         type=float,
         default=300.0,
         help="seconds to wait to connect or for the next chunk (default: %(default)s)",
     )
+
+
+def _add_calibrate_parser(commands: Any) -> None:
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="probe a real OpenAI-compatible server and fit a [backend] table to it",
+        description="Send probes (prompt lengths x output lengths x concurrency levels, "
+        "repeated) to URL/v1/completions one at a time, fit the fitted cost model by "
+        "non-negative least squares, print the fit quality and write a [backend] table "
+        "a scenario can use (docs/fidelity.md).",
+    )
+    calibrate.add_argument("--url", default=None, help="the server, e.g. http://127.0.0.1:8080")
+    calibrate.add_argument("--out", required=True, help="the backend TOML file to write")
+    calibrate.add_argument(
+        "--engine",
+        choices=("single_slot", "batching"),
+        default="single_slot",
+        help="the simsim server the model is for (default: %(default)s)",
+    )
+    calibrate.add_argument(
+        "--prompts",
+        metavar="N,N,...",
+        default=None,
+        help="prompt lengths to probe (default: 16,64,256,512,1024, or the workload's)",
+    )
+    calibrate.add_argument(
+        "--outputs",
+        metavar="N,N,...",
+        default=None,
+        help="output lengths to probe, at least 10 (default: 64, or the workload's)",
+    )
+    calibrate.add_argument(
+        "--concurrency",
+        metavar="N,N,...",
+        default=None,
+        help="requests sent together per probe (default: 1; batching: 1,2,4)",
+    )
+    calibrate.add_argument(
+        "--repeats", type=int, default=3, help="times each probe runs (default: %(default)s)"
+    )
+    calibrate.add_argument(
+        "--workload",
+        metavar="SCENARIO",
+        default=None,
+        help="probe the prompt and output lengths (and slots) of this scenario's requests",
+    )
+    calibrate.add_argument(
+        "--probes-out", metavar="CSV", default=None, help="also save the probes table here"
+    )
+    calibrate.add_argument(
+        "--from-probes",
+        metavar="CSV",
+        default=None,
+        help="fit a saved probes table instead of probing a server (no --url)",
+    )
+    _add_client_arguments(calibrate)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -791,6 +855,116 @@ def _replay_options(args: argparse.Namespace) -> ReplayOptions:
         )
     except ReplayOptionError as error:  # it names its field; the user typed the flag
         raise ScenarioError(flags.get(error.field, error.field), "", error.rule) from None
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from simsim.fidelity import calibrate
+
+    if (args.url is None) == (args.from_probes is None):
+        raise ScenarioError("--url", "", "give either --url (probe a server) or --from-probes")
+    out = Path(args.out)
+    if out.is_dir():
+        raise ScenarioError("--out", "", f"{out} is a folder; give the TOML file to write")
+    if args.from_probes is not None:
+        try:
+            probes = calibrate.probes_frame(pd.read_csv(args.from_probes, keep_default_na=False))
+        except (OSError, ValueError) as error:
+            raise ScenarioError("--from-probes", "", f"{args.from_probes}: {error}") from None
+        source = None
+    else:
+        if importlib.util.find_spec("httpx") is None:
+            print(f"simsim: error: calibrate needs httpx: {_install('fidelity')}", file=sys.stderr)
+            return 2
+        from simsim.fidelity import replay
+
+        try:
+            replay.server_root(args.url)
+        except ValueError as error:
+            raise ScenarioError("--url", "", str(error)) from None
+        plan = _calibration_plan(args, calibrate)
+        options = _replay_options(args)
+        print(f"probing {args.url}: {len(plan)} probes", file=sys.stderr)
+        try:
+            probes = calibrate.run_probes(
+                args.url,
+                plan,
+                model=args.model,
+                options=options,
+                progress=ProgressBar(sys.stderr, "probing"),
+            )
+        except replay.ReplayError as error:
+            print(f"simsim: error: {error}", file=sys.stderr)
+            return 1
+        if args.probes_out is not None:
+            probes.to_csv(args.probes_out, index=False)
+        failed = probes[probes["error"] != ""]
+        if len(failed):
+            first = failed.iloc[0]
+            print(
+                f"simsim: warning: {len(failed)} of {len(probes)} probe requests failed "
+                f"(left out of the fit); the first: {first['error']}",
+                file=sys.stderr,
+            )
+        source = args.url
+    try:
+        calibration = calibrate.fit_backend(probes, args.engine)
+    except ValueError as error:
+        print(f"simsim: error: cannot fit: {error}", file=sys.stderr)
+        return 1
+    print(calibration.report())
+    try:
+        out.write_text(
+            calibrate.backend_toml(calibration, url=source, model=args.model), encoding="utf-8"
+        )
+    except OSError as error:
+        raise ScenarioError("--out", "", f"cannot write {out} ({error.strerror})") from None
+    print(f"wrote {out}: use it with simsim run SCENARIO --backend {out}")
+    return 0
+
+
+def _calibration_plan(args: argparse.Namespace, calibrate: Any) -> list[Any]:
+    """The probes the flags (and ``--workload``) ask for; a bad list is named (exit 2)."""
+    prompts, outputs, levels = [16, 64, 256, 512, 1024], [64], [1]
+    if args.engine == "batching":
+        levels = [1, 2, 4]
+    if args.workload is not None:
+        workload = load_scenario(args.workload)
+        prompts, outputs, slots = calibrate.workload_ranges(workload)
+        if args.engine == "batching":
+            levels = sorted({level for level in (1, 2, 4, 8, 16, 32) if level <= slots} | {slots})
+    prompts = _int_list(args.prompts, "--prompts", prompts)
+    outputs = _int_list(args.outputs, "--outputs", outputs)
+    levels = _int_list(args.concurrency, "--concurrency", levels)
+    too_short = [n for n in outputs if n <= calibrate.GAP_WINDOW]
+    if too_short:
+        raise ScenarioError(
+            "--outputs",
+            "",
+            f"must be more than {calibrate.GAP_WINDOW} tokens (decode steps are measured "
+            f"from the gaps between tokens), got {too_short}",
+        )
+    try:
+        return list(
+            calibrate.probe_plan(
+                prompts=prompts, outputs=outputs, concurrency=levels, repeats=args.repeats
+            )
+        )
+    except ValueError as error:
+        raise ScenarioError("--repeats", "", str(error)) from None
+
+
+def _int_list(value: str | None, flag: str, default: list[int]) -> list[int]:
+    if value is None:
+        return default
+    try:
+        numbers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < 1:
+        raise ScenarioError(
+            flag, "", f"must be positive integers separated by commas, got {value!r}"
+        )
+    return numbers
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,10 @@ import httpx
 import simsim
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from simsim.engines.base import EngineBase
+    from simsim.fidelity.calibrate import Probe
     from simsim.live import LiveServer, ServeOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,3 +230,34 @@ class HeldStream:
             line = next(self._lines)
         assert line.startswith("data: "), line
         return line.removeprefix("data: ")
+
+
+def simulated_probes(
+    plan: Sequence[Probe], config: simsim.FittedBackendConfig, engine: str = "single_slot"
+) -> pd.DataFrame:
+    """The probes table a perfectly quiet simsim server would give (times exact, no HTTP)."""
+    from simsim.fidelity.calibrate import probe_row, probes_frame
+
+    rows = []
+    for probe in plan:
+        backend = simsim.FittedBackend(config)
+        server: simsim.SimulationEngine | simsim.BatchingEngine
+        if engine == "batching":
+            server = simsim.BatchingEngine(backend, max_active_requests=max(4, probe.concurrency))
+        else:
+            server = simsim.SimulationEngine(backend)
+        for member in range(probe.concurrency):
+            server.submit(simsim.Request(member, 0, probe.prompt_tokens, probe.output_tokens))
+        server.run()
+        events = server.events_frame()
+        for member in range(probe.concurrency):
+            tokens = events[
+                (events["request_id"] == member) & (events["event_type"] == "DECODE_STEP_COMPLETE")
+            ]["timestamp_us"]
+            times = [int(t) for t in tokens]
+            rows.append(
+                probe_row(
+                    probe, member, sent_us=0, token_times_us=times, generated_tokens=len(times)
+                )
+            )
+    return probes_frame(rows)
