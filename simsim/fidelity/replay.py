@@ -326,9 +326,7 @@ async def stream_completion(
         if not scope.expired():
             stream.error = "TimeoutError: timed out"
         cancelled = scope.expired()
-    except httpx.HTTPError as error:
-        stream.error = f"{type(error).__name__}: {error}"
-    except (ValueError, TypeError, OSError) as error:  # bad JSON, a socket that broke
+    except Exception as error:  # httpx's errors, bad JSON: this request's failure only
         stream.error = f"{type(error).__name__}: {error}"
     end_ns = time.perf_counter_ns()
     if not cancelled and stream.error is None and not (stream.done or stream.finish_reason):
@@ -488,53 +486,14 @@ async def replay_scenario_async(
     prompt_seed = secrets.randbits(63) if options.prompt_seed is None else options.prompt_seed
     async with replay_client(options.timeout_s) as client:
         model = await _model_warming_up(client, url, model)
-        bodies = {
-            item.spec.request_id: options.body(
-                model,
-                prompt_token_ids(
-                    item.spec.prompt_token_count,
-                    np.random.default_rng([prompt_seed, item.spec.request_id]),
-                    options.token_ids,
-                ),
-                item.spec.max_output_tokens,
-            )
-            for item in planned
-        }
+
+        def body(spec: RequestSpec) -> dict[str, Any]:
+            rng = np.random.default_rng([prompt_seed, spec.request_id])
+            prompt = prompt_token_ids(spec.prompt_token_count, rng, options.token_ids)
+            return options.body(model, prompt, spec.max_output_tokens)
+
         started_at = datetime.datetime.now(datetime.UTC)
-        zero_ns = time.perf_counter_ns()
-        tasks: dict[int, asyncio.Task[StreamedCompletion]] = {}
-        finished = 0
-
-        def one_done(_task: asyncio.Task[StreamedCompletion] | None) -> None:
-            nonlocal finished
-            finished += 1
-            if progress is not None:
-                progress(finished, len(planned))
-
-        for item in planned:
-            spec = item.spec
-            send_ns = zero_ns + spec.arrival_time_us * 1000
-            if item.cancel_time_us is not None and item.cancel_time_us <= spec.arrival_time_us:
-                one_done(None)  # never sent: its cancellation comes first
-                continue
-            wait_s = (send_ns - time.perf_counter_ns()) / 1e9
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
-            cancel_ns = (
-                None if item.cancel_time_us is None else zero_ns + item.cancel_time_us * 1000
-            )
-            task = asyncio.create_task(
-                stream_completion(
-                    client,
-                    endpoint,
-                    bodies.pop(spec.request_id),
-                    zero_ns=zero_ns,
-                    cancel_at_ns=cancel_ns,
-                )
-            )
-            task.add_done_callback(one_done)
-            tasks[spec.request_id] = task
-        await asyncio.gather(*tasks.values())
+        results = await _play(client, endpoint, planned, body, progress)
     records = [
         RequestRecord(
             request_id=item.spec.request_id,
@@ -542,7 +501,7 @@ async def replay_scenario_async(
             prompt_token_count=item.spec.prompt_token_count,
             max_output_tokens=item.spec.max_output_tokens,
             cancel_time_us=item.cancel_time_us,
-            result=tasks[item.spec.request_id].result() if item.spec.request_id in tasks else None,
+            result=results.get(item.spec.request_id),
         )
         for item in planned
     ]
@@ -562,6 +521,48 @@ async def replay_scenario_async(
         },
         end_us=_end_us(records),
     )
+
+
+async def _play(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    planned: Sequence[PlannedRequest],
+    body: Callable[[RequestSpec], dict[str, Any]],
+    progress: Callable[[int, int], None] | None,
+) -> dict[int, StreamedCompletion]:
+    """Send *planned* on schedule from a time zero taken now; every request's result.
+
+    Each request's body is built before its send time comes (while waiting for it), and
+    each send starts a task of its own, so a slow stream never delays the next send. A
+    request whose cancellation comes at or before its arrival is not sent (no result).
+    """
+    tasks: dict[int, asyncio.Task[StreamedCompletion]] = {}
+    done = 0
+
+    def one_done(_task: asyncio.Task[StreamedCompletion] | None) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(planned))
+
+    zero_ns = time.perf_counter_ns()
+    for item in planned:
+        spec, cancel_us = item.spec, item.cancel_time_us
+        if cancel_us is not None and cancel_us <= spec.arrival_time_us:
+            one_done(None)
+            continue
+        content = body(spec)
+        wait_s = (zero_ns + spec.arrival_time_us * 1000 - time.perf_counter_ns()) / 1e9
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        cancel_ns = None if cancel_us is None else zero_ns + cancel_us * 1000
+        task = asyncio.create_task(
+            stream_completion(client, endpoint, content, zero_ns=zero_ns, cancel_at_ns=cancel_ns)
+        )
+        task.add_done_callback(one_done)
+        tasks[spec.request_id] = task
+    await asyncio.gather(*tasks.values())
+    return {request_id: task.result() for request_id, task in tasks.items()}
 
 
 async def _model_warming_up(client: httpx.AsyncClient, url: str, model: str | None) -> str:
