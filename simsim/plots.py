@@ -15,7 +15,10 @@ and end-to-end percentiles) and ``sweep_throughput.png``, against load, one line
 configuration with the confidence interval shaded.
 
 Only the result tables are read, never an engine. Every time shown is simulated from
-the cost model, not measured on hardware, and every figure says so.
+the cost model, not measured on hardware, and every figure says so; a folder written by
+``simsim replay`` holds measured times instead, and its figures say that (a client sees
+no admission, so its timeline shows requests in flight and its Gantt chart the time to
+the first token and the decoding after it).
 
 Importing this module imports matplotlib (and selects its non-interactive ``Agg``
 backend), so ``from simsim import plots`` raises ``ImportError`` when matplotlib is not
@@ -86,6 +89,8 @@ ITERATION_WINDOWS: Final = 150
 """How many equal time windows the binned token panel uses."""
 
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
+
+MEASURED_NOTE: Final = "measured at the client by simsim replay, wall-clock times"
 
 
 _WAIT_COLOR: Final = "#bdbdbd"
@@ -158,8 +163,11 @@ def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
 # ---------------------------------------------------------------------- figures
 
 
-def draw_latency_cdf(requests: pd.DataFrame) -> Figure:
-    """Empirical CDFs of TTFT and end-to-end latency (ms), side by side."""
+def draw_latency_cdf(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
+    """Empirical CDFs of TTFT and end-to-end latency (ms), side by side.
+
+    *measured*: the times come from ``simsim replay`` (the labels say so).
+    """
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, layout="constrained")
     total = len(requests)
     for ax, column, label, why in (
@@ -169,7 +177,8 @@ def draw_latency_cdf(requests: pd.DataFrame) -> Figure:
         values_ms = np.sort(_present(requests[column])) / 1000.0
         n = len(values_ms)
         ax.set_title(label)
-        ax.set_xlabel(f"{label.split(' (')[0]} (ms, simulated)")
+        kind = "measured" if measured else "simulated"
+        ax.set_xlabel(f"{label.split(' (')[0]} (ms, {kind})")
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
         if n == 0:
@@ -195,30 +204,47 @@ def draw_latency_cdf(requests: pd.DataFrame) -> Figure:
             )
         ax.legend(loc="lower right", fontsize="small")
     axes[0].set_ylabel("fraction of requests")
-    fig.suptitle(f"Latency CDFs ({SIMULATED_NOTE})")
+    fig.suptitle(f"Latency CDFs ({MEASURED_NOTE if measured else SIMULATED_NOTE})")
     return fig
 
 
-def draw_timeline(requests: pd.DataFrame) -> Figure:
+def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
     """Queue length and slot occupancy over simulated time, as step plots.
 
     When the counts change more than :data:`TIMELINE_SMOOTH_AFTER` times, each panel
     also shows the time-weighted mean over :data:`TIMELINE_WINDOWS` equal windows, which
-    stays readable where the raw steps blur together.
+    stays readable where the raw steps blur together. *measured* (a ``simsim replay``
+    folder, whose client never sees an admission): one panel, the requests in flight,
+    from their send to their end.
     """
+    if measured:
+        requests = requests.assign(admit_time_us=requests["arrival_time_us"])
     series = occupancy_series(requests)
     times = series["time_us"].to_numpy(dtype=np.int64)
     end = max(int(times[-1]), _horizon_us(requests))
     scale, unit = _time_unit(end)
     x = np.append(times, end) / scale
     busy = len(series) > TIMELINE_SMOOTH_AFTER and end > 0
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(11, 6), sharex=True, layout="constrained", height_ratios=(3, 2)
-    )
-    for ax, column, ylabel, what, color in (
-        (top, "queue_length", "queue length", "queued (arrived, not yet admitted)", "0.35"),
-        (bottom, "occupancy", "occupied slots", "active (admitted, not yet done)", _DECODE_COLOR),
-    ):
+    panels: list[tuple[Axes, str, str, str, str]]
+    if measured:
+        fig, only = plt.subplots(figsize=(11, 4), layout="constrained")
+        top = bottom = only
+        panels = [(only, "occupancy", "in flight", "sent, not yet done", _DECODE_COLOR)]
+    else:
+        fig, (top, bottom) = plt.subplots(
+            2, 1, figsize=(11, 6), sharex=True, layout="constrained", height_ratios=(3, 2)
+        )
+        panels = [
+            (top, "queue_length", "queue length", "queued (arrived, not yet admitted)", "0.35"),
+            (
+                bottom,
+                "occupancy",
+                "occupied slots",
+                "active (admitted, not yet done)",
+                _DECODE_COLOR,
+            ),
+        ]
+    for ax, column, ylabel, what, color in panels:
         values = series[column].to_numpy(dtype=np.int64)
         y = np.append(values, values[-1])
         ax.step(
@@ -247,9 +273,15 @@ def draw_timeline(requests: pd.DataFrame) -> Figure:
         ax.legend(loc="upper right", fontsize="small", ncol=2)
     if len(requests) == 0:
         _no_data(top, "no requests")
-    bottom.set_xlabel(f"simulated time ({unit})")
     bottom.set_xlim(0, end / scale if end > 0 else 1)
-    fig.suptitle(f"Queue length and slot occupancy, {len(requests)} requests ({SIMULATED_NOTE})")
+    if measured:
+        bottom.set_xlabel(f"time since the replay started ({unit})")
+        fig.suptitle(f"Requests in flight, {len(requests)} requests ({MEASURED_NOTE})")
+    else:
+        bottom.set_xlabel(f"simulated time ({unit})")
+        fig.suptitle(
+            f"Queue length and slot occupancy, {len(requests)} requests ({SIMULATED_NOTE})"
+        )
     return fig
 
 
@@ -377,13 +409,22 @@ def _windowed_mean(
     return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
 
 
-def draw_gantt(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
+def draw_gantt(
+    requests: pd.DataFrame, end_us: int | None = None, *, measured: bool = False
+) -> Figure:
     """One row per request: waiting, prefill and decoding bars; cancellations marked.
 
     A request unfinished at the end (a served session stopped while it ran) has its
     bars drawn to *end_us*, the run's end, or else to the table's last time, and a
-    marker there.
+    marker there. *measured* (a ``simsim replay`` folder): a client sees no admission
+    or prefill end, so the bars are the time to the first token and the decoding after
+    it.
     """
+    if measured:
+        requests = requests.assign(
+            admit_time_us=requests["arrival_time_us"],
+            prefill_end_time_us=requests["first_token_time_us"],
+        )
     ordered = requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     n = len(ordered)
     horizon = max(_horizon_us(ordered), end_us or 0)
@@ -437,16 +478,27 @@ def draw_gantt(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
     ax.tick_params(axis="y", labelsize="small" if n <= 30 else "x-small")
     ax.set_ylim(n - 0.5 if n else 0.5, -0.5)
     ax.set_xlim(0, horizon / scale if horizon > 0 else 1)
-    ax.set_xlabel(f"simulated time ({unit})")
+    ax.set_xlabel(
+        f"time since the replay started ({unit})" if measured else f"simulated time ({unit})"
+    )
     ax.set_ylabel("request id")
     ax.grid(True, axis="x", alpha=0.3)
     if n == 0:
         _no_data(ax, "no requests")
     ax.legend(
         handles=[
-            Patch(color=_WAIT_COLOR, label="waiting (arrival to admission)"),
-            Patch(color=_PREFILL_COLOR, label="prefill (admission to prefill end)"),
-            Patch(color=_DECODE_COLOR, label="decoding (prefill end to finish)"),
+            *(
+                [
+                    Patch(color=_PREFILL_COLOR, label="sent to first token"),
+                    Patch(color=_DECODE_COLOR, label="first token to the end"),
+                ]
+                if measured
+                else [
+                    Patch(color=_WAIT_COLOR, label="waiting (arrival to admission)"),
+                    Patch(color=_PREFILL_COLOR, label="prefill (admission to prefill end)"),
+                    Patch(color=_DECODE_COLOR, label="decoding (prefill end to finish)"),
+                ]
+            ),
             Line2D([], [], marker="x", linestyle="none", color=_CANCEL_COLOR, label="cancelled"),
             Line2D(
                 [],
@@ -463,7 +515,8 @@ def draw_gantt(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
         fontsize="small",
         frameon=False,
     )
-    ax.set_title(f"Per-request timeline, {n} requests ({SIMULATED_NOTE})")
+    note = MEASURED_NOTE if measured else SIMULATED_NOTE
+    ax.set_title(f"Per-request timeline, {n} requests ({note})")
     return fig
 
 
@@ -486,12 +539,19 @@ def _gantt_if_small(results: RunFolder) -> Figure | None:
     if len(requests) > GANTT_MAX_REQUESTS:
         return None
     end_us = results.manifest.get("end_us")
-    return draw_gantt(requests, end_us if isinstance(end_us, int) else None)
+    end = end_us if isinstance(end_us, int) else None
+    return draw_gantt(requests, end, measured=results.measured)
 
 
 FIGURES: Final[Sequence[FigureSpec]] = (
-    FigureSpec("latency_cdf.png", lambda results: draw_latency_cdf(results.requests())),
-    FigureSpec("timeline.png", lambda results: draw_timeline(results.requests())),
+    FigureSpec(
+        "latency_cdf.png",
+        lambda results: draw_latency_cdf(results.requests(), measured=results.measured),
+    ),
+    FigureSpec(
+        "timeline.png",
+        lambda results: draw_timeline(results.requests(), measured=results.measured),
+    ),
     FigureSpec("gantt.png", _gantt_if_small),
     FigureSpec(
         "iterations.png",

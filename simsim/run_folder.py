@@ -199,6 +199,11 @@ class RunFolder:
             self._cache[name] = _read(path, self.format, _dtypes(name))
         return self._cache[name]
 
+    @property
+    def measured(self) -> bool:
+        """Whether ``simsim replay`` wrote the folder (its times are measured, not simulated)."""
+        return "measured" in self.manifest
+
     def requests(self) -> pd.DataFrame:
         """The requests table, typed as :func:`simsim.results.requests_frame` types it."""
         frame = self.table("requests")

@@ -181,6 +181,10 @@ def test_a_missing_optional_table_is_named_in_the_folders_format(small_results: 
     assert str(small_results) in str(excinfo.value)
 
 
+def test_a_simulated_folder_is_not_measured(small_results: Path) -> None:
+    assert not read_run_folder(small_results).measured
+
+
 def test_the_manifest_says_which_format_is_the_runs(small_results: Path) -> None:
     fmt = small_results.name.removeprefix("results-")
     other = "csv" if fmt == "parquet" else "parquet"
@@ -433,3 +437,51 @@ def test_gantt_draws_requests_unfinished_at_the_end_up_to_the_run_s_end() -> Non
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert "unfinished at the end" in labels
     plt.close(figure)
+
+
+def test_a_measured_folder_is_drawn_as_measured(tmp_path: Path) -> None:
+    """A replay's folder (no admission or prefill times) says "measured" on every figure,
+    shows requests in flight, and draws send-to-first-token and decoding bars."""
+    from simsim.run_folder import write_run_folder
+
+    frame = requests_frame([])
+    rows = pd.DataFrame(
+        {
+            "request_id": [0, 1],
+            "state": ["FINISHED", "CANCELLED"],
+            "arrival_time_us": [0, 1_000],
+            "prompt_token_count": [10, 10],
+            "max_output_tokens": [4, 4],
+            "generated_token_count": [4, 1],
+            "admit_time_us": [None, None],
+            "prefill_end_time_us": [None, None],
+            "first_token_time_us": [3_000, 5_000],
+            "finish_time_us": [9_000, 6_000],
+        }
+    )
+    rows["queue_delay_us"] = None
+    rows["ttft_us"] = rows["first_token_time_us"] - rows["arrival_time_us"]
+    rows["e2e_latency_us"] = [9_000, None]
+    rows["tpot_us"] = [2_000.0, None]
+    requests = rows.astype(frame.dtypes.to_dict())
+    write_run_folder(tmp_path, {"requests": requests}, extra={"measured": {"url": "x"}})
+    folder = read_run_folder(tmp_path)
+    assert folder.measured
+    gantt = plots.draw_gantt(folder.requests(), measured=True)
+    ax = gantt.axes[0]
+    assert plots.MEASURED_NOTE in ax.get_title()
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels[:2] == ["sent to first token", "first token to the end"]
+    # Request 0: 0-3 ms to its first token, 3-9 ms decoding; no waiting bar.
+    bars = [
+        [tuple(path.get_extents().intervalx) for path in collection.get_paths()]
+        for collection in ax.collections
+        if collection.get_paths()
+    ]
+    assert any(len(bar) == 1 and bar[0] == pytest.approx((0.0, 3.0)) for bar in bars)
+    timeline = plots.draw_timeline(folder.requests(), measured=True)
+    assert len(timeline.axes) == 1
+    assert "in flight" in timeline.axes[0].get_ylabel()
+    plt.close("all")
+    written = plots.plot_results(tmp_path)
+    assert [path.name for path in written] == ["latency_cdf.png", "timeline.png", "gantt.png"]
