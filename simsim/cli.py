@@ -8,11 +8,12 @@ checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
 finished run at once so that running it again resumes. ``simsim plot DIR`` draws
 figures from a run's or a sweep's results folder. ``simsim compare A B [--out DIR]``
 prints how far run B's latencies are from run A's, request by request and by
-percentile (``docs/fidelity-compare.md``). ``simsim serve [SCENARIO.toml]``
+percentile (``docs/fidelity.md``). ``simsim serve [SCENARIO.toml]``
 serves the scenario's server as an OpenAI-compatible HTTP API whose timing comes from
 the simulation (``docs/serve.md``). ``simsim replay SCENARIO.toml --url URL --out DIR``
-plays a scenario's requests against a real server and writes what it measured
-(``docs/fidelity.md``). Exit status: 0 on success, 1 when a simulation fails (or
+plays a scenario's requests against a real server and writes what it measured, and
+``simsim calibrate --url URL --out backend.toml`` probes a server and fits a cost model
+to it (``docs/fidelity.md``). Exit status: 0 on success, 1 when a simulation fails (or
 a replayed request failed), 2 for a bad scenario, sweep file or arguments.
 """
 
@@ -207,7 +208,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "compare",
         help="compare two results folders' latencies (measured against simulated, say)",
         description="Per-request errors |B - A| / A of TTFT, TPOT and E2E, and each "
-        "distribution's percentiles, with A the reference (docs/fidelity-compare.md). Two "
+        "distribution's percentiles, with A the reference (docs/fidelity.md). Two "
         "measurements of one workload give the server's run-to-run noise.",
     )
     compare.add_argument("a", metavar="A_DIR", help="the reference run's results folder")
