@@ -190,3 +190,35 @@ def test_simulated_scenario_is_the_workload_with_the_fitted_backend() -> None:
     }
     with pytest.raises(ValueError, match="expected only a \\[backend\\] table"):
         run.with_backend(source.read_text(), "[scenario]\nname = 'x'\n", "fitted.toml")
+
+
+def test_summary_gathers_every_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = load_script(FIDELITY / "run.py", "fidelity_run")
+    monkeypatch.setenv("SIMSIM_LLAMA_CACHE", str(tmp_path / "no-cache"))
+    for config, error in (("single_slot", 0.05), ("batching", 0.125)):
+        record = {
+            "config": config,
+            "workload": "rate",
+            "comparison": "simulated",
+            "a": f"{config}/measured/rate-run1",
+            "b": f"{config}/simulated/rate",
+            "errors": [{"metric": "ttft_us", "median_ape": error}],
+            "percentiles": [{"metric": "ttft_us", "percentile": 50, "relative_error": -error}],
+        }
+        (tmp_path / config).mkdir()
+        (tmp_path / config / run.COMPARISONS_FILE).write_text(json.dumps([record]))
+    run.write_summary(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [record["config"] for record in summary["comparisons"]] == ["single_slot", "batching"]
+    assert summary["conditions"]["server"].startswith("unavailable")  # no binary there
+    csv = (tmp_path / "summary.csv").read_text().splitlines()
+    assert csv == [
+        "config,workload,comparison,metric,median_ape",
+        "single_slot,rate,simulated,ttft_us,0.05",
+        "batching,rate,simulated,ttft_us,0.125",
+    ]
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "## batching / rate / simulated" in markdown
+    assert "| ttft_us | 50 | -0.125 |" in markdown

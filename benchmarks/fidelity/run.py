@@ -273,7 +273,8 @@ class Pipeline:
 def _records(frame: Any) -> list[dict[str, Any]]:
     """A DataFrame as JSON-ready records (its index kept as columns)."""
     reset = frame.reset_index() if frame.index.name or any(frame.index.names) else frame
-    return json.loads(reset.to_json(orient="records"))
+    records: list[dict[str, Any]] = json.loads(reset.to_json(orient="records"))
+    return records
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
