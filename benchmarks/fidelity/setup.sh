@@ -42,17 +42,21 @@ server_runs() {
             "$BIN/llama-server" --version >/dev/null 2>&1
 }
 
-# Copy a built llama-server and every shared library it resolves inside its own
-# folder (a shared-library build links libllama, libggml... from the build tree).
+# Copy a built llama-server and every shared library it loads from its own folder
+# (a shared-library build links libllama, libggml... from the build tree). The folder
+# goes first on the library path, so that an installed copy (whose RUNPATH still names
+# the build tree it came from) gives up its own libraries too.
 install_binary() {
-    local from="$1"
+    local from
+    from="$(cd "$1" && pwd)"
     [[ -x "$from/llama-server" ]] || fail "no executable llama-server in $from"
     mkdir -p "$BIN"
     cp -f "$from/llama-server" "$BIN/llama-server"
     local lib
     while read -r lib; do
         cp -fL "$lib" "$BIN/$(basename "$lib")"
-    done < <(ldd "$from/llama-server" | awk -v dir="$from/" 'index($3, dir) == 1 { print $3 }')
+    done < <(LD_LIBRARY_PATH="$from" ldd "$from/llama-server" |
+        awk -v dir="$from/" 'index($3, dir) == 1 { print $3 }')
 }
 
 build_from_source() {
