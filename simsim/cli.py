@@ -773,6 +773,14 @@ def _add_calibrate_parser(commands: Any) -> None:
         "--probes-out", metavar="CSV", default=None, help="also save the probes table here"
     )
     calibrate.add_argument(
+        "--measured",
+        metavar="DIR",
+        action="append",
+        default=None,
+        help="fit decode steps to this replayed workload's token gaps instead of the "
+        "probes' (a folder simsim replay wrote; may be repeated)",
+    )
+    calibrate.add_argument(
         "--from-probes",
         metavar="CSV",
         default=None,
@@ -907,8 +915,13 @@ def _calibrate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         source = args.url
+    decode = None
+    if args.measured:
+        decode = pd.concat(
+            [_measured_decode(folder, calibrate) for folder in args.measured], ignore_index=True
+        )
     try:
-        calibration = calibrate.fit_backend(probes, args.engine)
+        calibration = calibrate.fit_backend(probes, args.engine, decode=decode)
     except ValueError as error:
         print(f"simsim: error: cannot fit: {error}", file=sys.stderr)
         return 1
@@ -921,6 +934,22 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ScenarioError("--out", "", f"cannot write {out} ({error.strerror})") from None
     print(f"wrote {out}: use it with simsim run SCENARIO --backend {out}")
     return 0
+
+
+def _measured_decode(folder: str, calibrate: Any) -> pd.DataFrame:
+    """The pure decode steps of the measured run in *folder*; a bad folder exits 2."""
+    from simsim.run_folder import read_run_folder
+
+    try:
+        run = read_run_folder(folder)
+        if not run.measured:
+            raise ValueError("it holds a simulation, not a measurement (simsim replay writes one)")
+        observations: pd.DataFrame = calibrate.measured_decode_observations(
+            run.requests(), run.table("tokens")
+        )
+        return observations
+    except (OSError, ValueError) as error:
+        raise ScenarioError("--measured", "", f"{folder}: {error}") from None
 
 
 def _calibration_plan(args: argparse.Namespace, calibrate: Any) -> list[Any]:

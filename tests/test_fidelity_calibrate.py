@@ -193,3 +193,19 @@ def test_a_workload_gives_the_probe_sizes() -> None:
     assert slots == 6
     with pytest.raises(ValueError, match="lists no requests"):
         workload_ranges(parse_scenario({}, require_requests=False))
+
+
+def test_measured_decode_steps_come_from_a_replayed_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "fidelity" / "results"
+    config = results / "single_slot"
+    out = tmp_path / "backend.toml"
+    argv = ["calibrate", "--from-probes", str(config / "probes.csv"), "--out", str(out)]
+    assert main([*argv, "--measured", str(config / "measured" / "calib-run1")]) == 0
+    assert _fitted(out) == _fitted(config / "backend.toml")
+    simulated = tmp_path / "simulated"
+    assert main(["run", "--out", str(simulated)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--measured", str(simulated)]) == 2
+    assert "--measured: " in capsys.readouterr().err

@@ -220,3 +220,59 @@ def test_the_written_table_is_a_scenario_backend_as_it_is() -> None:
     scenario = parse_scenario(document, require_backend=True)
     assert scenario.backend == calibration.config
     assert "R^2" in calibration.report()
+
+
+def test_measured_decode_observations_keep_only_pure_decode_gaps() -> None:
+    """Request 0 decodes alone, then with request 1, then alone again; gaps while 1
+    waits for its first token (sent at 250, first token at 600) are left out."""
+    requests = pd.DataFrame(
+        {
+            "request_id": [0, 1],
+            "arrival_time_us": [0, 250],
+            "prompt_token_count": [10, 20],
+            "finish_time_us": [1000, 1000],
+        }
+    )
+    tokens = pd.DataFrame(
+        {
+            "request_id": [0] * 7 + [1] * 3,
+            "token_index": [*range(1, 8), *range(1, 4)],
+            # Request 0: 100 alone, two gaps during 1's wait, 150 together with 1
+            # (which ends at 900), then 100 alone.
+            "time_us": [100, 200, 300, 600, 750, 900, 1000, 600, 750, 900],
+        }
+    )
+    observations = decode_observations_of(requests, tokens)
+    alone = observations[observations["concurrency"] == 1]
+    together = observations[observations["concurrency"] == 2]
+    # Alone: 100..200 (context 10 + 1 token) and 900..1000 (10 + 6), one context bin.
+    assert alone["gap_us"].tolist() == [100.0]
+    assert alone["context_sum"].tolist() == [13.5]
+    # Together: 600..750 and 750..900 of each; contexts (10 + 4) + (20 + 1), then + 2.
+    assert together["gap_us"].tolist() == [150.0]
+    assert together["context_sum"].tolist() == [36.0]
+    assert (together["probe"] == -1).all()
+
+
+def decode_observations_of(requests: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
+    from simsim.fidelity.calibrate import measured_decode_observations
+
+    return measured_decode_observations(requests, tokens)
+
+
+def test_a_decode_table_replaces_the_probes_decode_fit() -> None:
+    plan = probe_plan(prompts=[16, 128, 512], outputs=[33], repeats=1)
+    probes = simulated_probes(plan, TRUTH, "single_slot")
+    decode = pd.DataFrame(
+        {
+            "probe": -1,
+            "concurrency": [1, 1, 1],
+            "context_sum": [100.0, 600.0, 1100.0],
+            "gap_us": [2_000.0, 3_000.0, 4_000.0],
+        }
+    )
+    calibration = fit_backend(probes, "single_slot", decode=decode)
+    assert calibration.config.decode_base_us == pytest.approx(1_800.0)
+    assert calibration.config.decode_per_context_token_us == pytest.approx(2.0)
+    # The probes' own gaps still show in the summary, against the new model.
+    assert calibration.probe_summary["gap_ms"].notna().all()

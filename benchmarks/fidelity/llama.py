@@ -176,6 +176,7 @@ def llama_server(
             context_tokens_per_slot=context_tokens_per_slot,
             extra_args=extra_args,
         )
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "wb") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=environment

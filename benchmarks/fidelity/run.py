@@ -4,14 +4,19 @@ For each server configuration (``--parallel 1`` against simsim's ``single_slot``
 engine, ``--parallel 4`` against ``batching``):
 
 1. **setup**: build llama-server and write the model (``setup.sh``; cached).
-2. **calibrate**: start the server, ``simsim calibrate --url URL --engine E --out
-   backend.toml``: the fitted ``[backend]`` table.
+2. **calibrate**: start the server, ``simsim calibrate --url URL --engine E --workload
+   calib.toml --out backend-probes.toml --probes-out probes.csv``: probes at the
+   calibration workload's sizes, and the table fitted to them alone.
 3. **replay**: play every workload twice against a freshly started server each time
    (``simsim replay W.toml --url URL --out measured/W-runN``): two measurements of the
    same requests, whose difference is the server's own run-to-run noise.
-4. **simulate**: the workload file with its placeholder ``[backend]`` replaced by the
+4. **fit**: ``simsim calibrate --from-probes probes.csv --measured measured/calib-run1
+   --out backend.toml``: the prefill from the probes, the decode steps from the
+   calibration workload's own token gaps (decode calibrated at the batches and contexts
+   a workload has; the held-out workloads are never used).
+5. **simulate**: the workload file with its placeholder ``[backend]`` replaced by the
    fitted one (``scenarios/W.toml``), run by ``simsim run`` into ``simulated/W``.
-5. **compare**: ``simsim compare`` measured run 1 against the simulation, and run 1
+6. **compare**: ``simsim compare`` measured run 1 against the simulation, and run 1
    against run 2 (the noise floor), into ``compare/``; then ``summary.json``,
    ``summary.csv`` and ``summary.md`` across everything.
 
@@ -47,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from llama import REQUEST_EXTRAS, cache_dir, llama_server, model_path  # noqa: E402
 
-STAGES = ("setup", "calibrate", "replay", "simulate", "compare")
+STAGES = ("setup", "calibrate", "replay", "fit", "simulate", "compare")
 WORKLOADS = ("calib", "rate", "lengths", "bursty")
 """``calib`` is the calibration-range workload (replayed too: an in-sample check); the
 other three are held out: another rate, another length mix, bursty arrivals."""
@@ -86,16 +91,20 @@ def simsim(*args: str) -> list[str]:
     return [sys.executable, "-m", "simsim", *args]
 
 
-def calibrate_command(url: str, engine: str, out: Path) -> list[str]:
-    """The calibration command (its options as issue 14 names them)."""
+def calibrate_command(url: str, engine: str, out: Path, workload: Path) -> list[str]:
+    """The calibration command: probes at the calibration workload's sizes, kept beside."""
     return simsim(
         "calibrate",
         "--url",
         url,
         "--engine",
         engine,
+        "--workload",
+        str(workload),
         "--out",
         str(out),
+        "--probes-out",
+        str(out.with_name("probes.csv")),
         "--extra-body",
         json.dumps(REQUEST_EXTRAS),
     )
@@ -183,8 +192,33 @@ class Pipeline:
 
     @property
     def backend_file(self) -> Path:
-        """The fitted ``[backend]`` table."""
+        """The fitted ``[backend]`` table the simulations use (the fit stage's)."""
         return self.folder / "backend.toml"
+
+    @property
+    def probes_backend_file(self) -> Path:
+        """The table fitted to the probes alone (the calibrate stage's)."""
+        return self.folder / "backend-probes.toml"
+
+    def fit(self) -> None:
+        """Refit: prefill from the probes, decode from the calibration workload's run 1."""
+        probes = self.folder / "probes.csv"
+        if not probes.is_file():
+            raise SystemExit(f"run.py: no {probes}: run --stage calibrate first")
+        run_logged(
+            simsim(
+                "calibrate",
+                "--from-probes",
+                str(probes),
+                "--measured",
+                str(self.measured("calib", 1)),
+                "--engine",
+                self.config.engine,
+                "--out",
+                str(self.backend_file),
+            ),
+            self.folder / "logs" / "fit.log",
+        )
 
     def server_log(self, name: str) -> Path:
         """Where llama-server's own output for one stage goes."""
@@ -197,7 +231,9 @@ class Pipeline:
             model_path(), parallel=self.config.parallel, log_path=self.server_log("calibrate")
         ) as url:
             run_logged(
-                calibrate_command(url, self.config.engine, self.backend_file),
+                calibrate_command(
+                    url, self.config.engine, self.probes_backend_file, self.workload_file("calib")
+                ),
                 self.folder / "logs" / "calibrate.log",
             )
 
@@ -219,7 +255,7 @@ class Pipeline:
     def simulate(self) -> None:
         """Run every workload through simsim with the fitted backend."""
         if not self.backend_file.is_file():
-            raise SystemExit(f"run.py: no {self.backend_file}: run --stage calibrate first")
+            raise SystemExit(f"run.py: no {self.backend_file}: run --stage fit first")
         backend_text = self.backend_file.read_text()
         for workload in self.workloads:
             source = self.workload_file(workload)
@@ -387,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             pipeline.calibrate()
         if "replay" in stages:
             pipeline.replay()
+        if "fit" in stages:
+            pipeline.fit()
         if "simulate" in stages:
             pipeline.simulate()
         if "compare" in stages:

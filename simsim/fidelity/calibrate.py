@@ -43,6 +43,7 @@ __all__ = [
     "backend_toml",
     "decode_observations",
     "fit_backend",
+    "measured_decode_observations",
     "prefill_observations",
     "prefill_target_us",
     "probe_plan",
@@ -321,6 +322,69 @@ def decode_observations(probes: pd.DataFrame, window: int = GAP_WINDOW) -> pd.Da
     return pd.DataFrame(records, columns=["probe", "concurrency", "context_sum", "gap_us"])
 
 
+CONTEXT_BIN: Final = 256
+"""Width in tokens of the summed-context bins that group a measured run's decode gaps."""
+
+
+def measured_decode_observations(
+    requests: pd.DataFrame, tokens: pd.DataFrame, *, context_bin: int = CONTEXT_BIN
+) -> pd.DataFrame:
+    """Decode-step observations from a measured run (``simsim replay``'s two tables).
+
+    A gap between two tokens of one request is a pure decode step when no request of the
+    run is between its send and its first token during it (nobody is queued or
+    prefilling); the batch is then every request between its first and its last token,
+    and its summed context is their prompts plus the tokens each had received when the
+    gap began. Such gaps are grouped by batch size and by summed context in bins of
+    *context_bin* tokens; each group becomes one observation (the median gap, the mean
+    context), so a stray slow step does not pull the fit. Same columns as
+    :func:`decode_observations` (``probe`` is -1). This is the server decoding the
+    workload's own mix, with the cache states the workload leaves behind, which equal
+    probes from an idle server need not reproduce.
+    """
+    ends = requests.set_index("request_id")
+    times = {
+        int(group["request_id"].iloc[0]): group.sort_values("token_index")["time_us"].to_numpy(
+            dtype=np.int64
+        )
+        for _, group in tokens.groupby("request_id")
+    }
+    ids = np.array(sorted(times), dtype=np.int64)
+    sent = ends.loc[ids, "arrival_time_us"].to_numpy(dtype=np.int64)
+    prompts = ends.loc[ids, "prompt_token_count"].to_numpy(dtype=np.int64)
+    first = np.array([times[rid][0] for rid in ids], dtype=np.int64)
+    last = np.array([times[rid][-1] for rid in ids], dtype=np.int64)
+    # Everyone that ever waited for a first token, also requests that never got one.
+    waiting = ends[~ends.index.isin(ids) & ends["arrival_time_us"].notna()]
+    other_sent = waiting["arrival_time_us"].to_numpy(dtype=np.int64)
+    other_end = waiting["finish_time_us"].fillna(np.iinfo(np.int64).max).to_numpy(np.int64)
+    rows: list[tuple[int, float, float]] = []
+    for rid in ids:
+        own = times[int(rid)]
+        for k in range(1, len(own)):
+            start, end = int(own[k - 1]), int(own[k])
+            if ((sent < end) & (first > start)).any() or (
+                (other_sent < end) & (other_end > start)
+            ).any():
+                continue  # someone queued or prefilled during the gap
+            decoding = (first <= start) & (last >= end)
+            context = sum(
+                int(prompts[j]) + int(np.searchsorted(times[int(ids[j])], start, side="right"))
+                for j in np.flatnonzero(decoding)
+            )
+            rows.append((int(decoding.sum()), float(context), float(end - start)))
+    gaps = pd.DataFrame(rows, columns=["concurrency", "context_sum", "gap_us"])
+    if gaps.empty:
+        return pd.DataFrame(columns=["probe", "concurrency", "context_sum", "gap_us"])
+    gaps["bin"] = (gaps["context_sum"] // context_bin).astype(int)
+    grouped = gaps.groupby(["concurrency", "bin"], sort=True).agg(
+        context_sum=("context_sum", "mean"), gap_us=("gap_us", "median")
+    )
+    observations = grouped.reset_index()[["concurrency", "context_sum", "gap_us"]]
+    observations.insert(0, "probe", -1)
+    return observations
+
+
 def prefill_observations(probes: pd.DataFrame) -> pd.DataFrame:
     """Time-to-first-token observations, one per probe without errors.
 
@@ -378,7 +442,12 @@ class Calibration:
         return "\n".join(lines)
 
 
-def fit_backend(probes: pd.DataFrame, engine: Engine = "single_slot") -> Calibration:
+def fit_backend(
+    probes: pd.DataFrame,
+    engine: Engine = "single_slot",
+    *,
+    decode: pd.DataFrame | None = None,
+) -> Calibration:
     """Fit a :class:`~simsim.FittedBackendConfig` to a probes table (6 significant digits).
 
     Decode first: ``gap = decode_base + decode_per_sequence * concurrency +
@@ -388,12 +457,16 @@ def fit_backend(probes: pd.DataFrame, engine: Engine = "single_slot") -> Calibra
     decode step of its batch: ``prefill_base + prefill_per_token * n * prompt +
     prefill_per_token_squared * n * prompt**2 (+ prefill_per_sequence * n)`` for *n*
     requests of one prompt length prefilled together. Every coefficient is >= 0.
-    Raises ``ValueError`` when the table has too little to fit.
+    *decode*, when given, replaces the probes' decode observations (for example
+    :func:`measured_decode_observations` of a replayed workload: decode calibrated at
+    the workload's own batches and contexts). Raises ``ValueError`` when there is too
+    little to fit.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     batching = engine == "batching"
-    decode = decode_observations(probes)
+    if decode is None:
+        decode = decode_observations(probes)
     if len(decode) < 2:
         raise ValueError(
             f"{len(decode)} decode observations: probes need error-free requests of at least "
@@ -437,7 +510,7 @@ def fit_backend(probes: pd.DataFrame, engine: Engine = "single_slot") -> Calibra
     for fit in (decode_fit, prefill_fit):
         values.update(zip(fit.names, fit.coefficients, strict=True))
     config = FittedBackendConfig(**{name: _significant(value) for name, value in values.items()})
-    summary = _probe_summary(prefill, decode, config)
+    summary = _probe_summary(prefill, decode_observations(probes), config)
     return Calibration(engine, config, decode_fit, prefill_fit, summary)
 
 
