@@ -175,7 +175,7 @@ class FastSimulationEngine(SimulationEngine):
         self, request: Request, prefill_end: int
     ) -> tuple[tuple[Callable[[LifecycleEvent], None]], EventType, int]:
         tokens = request.max_output_tokens
-        step = self._decode_step_us(request, request.prompt_token_count) if tokens > 0 else 0
+        step = self._decode_step_us(request) if tokens > 0 else 0
         self._prefill_end_us = prefill_end
         self._step_us = step
         return self._done_callbacks, _COMPLETE, prefill_end + step * tokens

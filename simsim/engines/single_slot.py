@@ -102,7 +102,7 @@ class SimulationEngine(EngineBase):
             self._raise_stale(event)
         tokens = request.max_output_tokens
         if tokens > 0:
-            cost = self._decode_step_us(request, request.prompt_token_count)
+            cost = self._first_step_us(request)
             if self._steps_grow and now + cost * tokens > MAX_TIME_US:
                 # Refuse now rather than step towards an overflow token by token.
                 raise OverflowError(
@@ -135,11 +135,11 @@ class SimulationEngine(EngineBase):
             tokens = request.generated_token_count + 1
             limit = request.max_output_tokens
             if tokens < limit:
-                processed = event.requeue(
-                    self._decode_callbacks,
-                    _DECODE,
-                    now + self._decode_step_us(request, request.prompt_token_count + tokens),
-                )
+                if self._price_step is None:
+                    cost = self._decode_step_us(request)
+                else:  # the next token decodes over the prompt and the tokens so far
+                    cost = self._context_step_us(request, request.prompt_token_count + tokens)
+                processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
             elif tokens == limit:
                 processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
             else:
@@ -162,17 +162,26 @@ class SimulationEngine(EngineBase):
             self._fail(error)
             raise
 
-    def _decode_step_us(self, request: Request, context: int) -> int:
-        """One decode step of *request* with *context* tokens already in its KV cache."""
-        if self._price_step is None:
-            cost = self._backend.decode_step_us(1)
-            if type(cost) is not int or cost < 0:
-                cost = check_duration_us(cost, "decode_step_us", request.request_id)
-            return cost
+    def _decode_step_us(self, request: Request) -> int:
+        """One decode step of *request*, priced by ``decode_step_us(1)``."""
+        cost = self._backend.decode_step_us(1)
+        if type(cost) is not int or cost < 0:
+            cost = check_duration_us(cost, "decode_step_us", request.request_id)
+        return cost
+
+    def _context_step_us(self, request: Request, context: int) -> int:
+        """One decode step of *request* over *context* cached tokens, priced by ``step_us``."""
+        assert self._price_step is not None
         cost = self._price_step((), (context,))
         if type(cost) is not int or cost < 0:
             cost = check_duration_us(cost, "step_us", request.request_id)
         return cost
+
+    def _first_step_us(self, request: Request) -> int:
+        """The first decode step of *request*: over its prompt alone."""
+        if self._price_step is None:
+            return self._decode_step_us(request)
+        return self._context_step_us(request, request.prompt_token_count)
 
     @lifecycle_handler
     def _on_request_complete(self, event: LifecycleEvent, request: Request) -> None:
