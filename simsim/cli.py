@@ -201,7 +201,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_calibrate_parser(commands)
 
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
-    plot.add_argument("results", help="a folder written by 'simsim run' or 'simsim sweep'")
+    plot.add_argument(
+        "results", help="a folder written by 'simsim run', 'simsim sweep' or 'simsim replay'"
+    )
     plot.add_argument("--out", default=None, help="where to write the PNGs (default: RESULTS)")
 
     compare = commands.add_parser(
@@ -752,7 +754,7 @@ def _add_calibrate_parser(commands: Any) -> None:
         "--outputs",
         metavar="N,N,...",
         default=None,
-        help="output lengths to probe, at least 10 (default: 64, or the workload's)",
+        help="output lengths to probe, more than 8 (default: 64, or the workload's)",
     )
     calibrate.add_argument(
         "--concurrency",
@@ -795,7 +797,10 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     from simsim.fidelity import replay
 
-    scenario = _load(args)
+    if args.seed is not None and args.seed < 0:
+        raise ScenarioError("--seed", "", f"must be >= 0, got {args.seed}")
+    # The server measured is the cost model: the file needs no [backend] table.
+    scenario = load_scenario(args.scenario, seed=args.seed, require_backend=False)
     replay.planned_requests(scenario)  # a closed-loop workload is refused before anything
     options = _replay_options(args)
     try:
@@ -940,6 +945,10 @@ def _measured_decode(folder: str, calibrate: Any) -> pd.DataFrame:
     """The pure decode steps of the measured run in *folder*; a bad folder exits 2."""
     from simsim.run_folder import read_run_folder
 
+    if not Path(folder).is_dir():
+        raise ScenarioError(
+            "--measured", "", f"{folder}: no such folder (simsim replay --out writes one)"
+        )
     try:
         run = read_run_folder(folder)
         if not run.measured:
@@ -958,13 +967,30 @@ def _calibration_plan(args: argparse.Namespace, calibrate: Any) -> list[Any]:
     if args.engine == "batching":
         levels = [1, 2, 4]
     if args.workload is not None:
-        workload = load_scenario(args.workload)
-        prompts, outputs, slots = calibrate.workload_ranges(workload)
+        workload = load_scenario(args.workload, require_backend=False)
+        try:
+            prompts, outputs, slots = calibrate.workload_ranges(workload)
+        except ValueError as error:
+            raise ScenarioError("--workload", "", str(error)) from None
         if args.engine == "batching":
             levels = sorted({level for level in (1, 2, 4, 8, 16, 32) if level <= slots} | {slots})
     prompts = _int_list(args.prompts, "--prompts", prompts)
     outputs = _int_list(args.outputs, "--outputs", outputs)
     levels = _int_list(args.concurrency, "--concurrency", levels)
+    if len(set(prompts)) < 2:
+        raise ScenarioError(
+            "--prompts",
+            "",
+            f"needs at least two prompt lengths, to see how the prefill grows with the "
+            f"prompt; got {prompts}",
+        )
+    if args.engine == "single_slot" and max(levels) > 1:
+        raise ScenarioError(
+            "--concurrency",
+            "",
+            f"sends up to {max(levels)} requests at once, which measures a batching server: "
+            "add --engine batching (a single slot is probed one request at a time)",
+        )
     too_short = [n for n in outputs if n <= calibrate.GAP_WINDOW]
     if too_short:
         raise ScenarioError(
@@ -1172,12 +1198,23 @@ def _compare(args: argparse.Namespace) -> int:
             f"must be numbers separated by commas (50,90,99), got {args.percentiles!r}",
         ) from None
     out = _output_folder(args.out) if args.out is not None else None
+    if Path(args.a).resolve() == Path(args.b).resolve():
+        print(
+            f"simsim: warning: A and B are the same folder ({args.a}): every error is 0",
+            file=sys.stderr,
+        )
     try:
         comparison = compare_runs(args.a, args.b, percentiles=percentiles, labels=labels)
     except (OSError, ValueError, ImportError) as error:
         print(f"simsim: error: {error}", file=sys.stderr)
         return 2
     print(comparison.table())
+    if comparison.request_counts["different_sizes"]:
+        print(
+            f"simsim: warning: {comparison.request_counts['different_sizes']} matched requests "
+            "differ in prompt or output length: A and B are not runs of the same workload",
+            file=sys.stderr,
+        )
     if out is not None:
         try:
             written = comparison.write(out)

@@ -433,6 +433,8 @@ def draw_gantt(
     height = 0.7
     cancelled_x: list[float] = []
     cancelled_y: list[int] = []
+    failed_x: list[float] = []
+    failed_y: list[int] = []
     unfinished_y: list[int] = []
     columns = zip(
         ordered["arrival_time_us"].astype("Int64").tolist(),
@@ -457,13 +459,18 @@ def draw_gantt(
                 (row - height / 2, height),
                 facecolors=color,
             )
-        if state == "CANCELLED" and finish is not None:
+        if state == "FAILED" and finish is not None:  # a replay's failed request
+            failed_x.append(finish / scale)
+            failed_y.append(row)
+        elif state == "CANCELLED" and finish is not None:
             cancelled_x.append(finish / scale)
             cancelled_y.append(row)
         elif finish is None:
             unfinished_y.append(row)
     if cancelled_x:
         ax.scatter(cancelled_x, cancelled_y, marker="x", s=40, color=_CANCEL_COLOR, zorder=3)
+    if failed_x:
+        ax.scatter(failed_x, failed_y, marker="X", s=60, color="black", zorder=3)
     if unfinished_y:
         ax.scatter(
             [horizon / scale] * len(unfinished_y),
@@ -500,6 +507,11 @@ def draw_gantt(
                 ]
             ),
             Line2D([], [], marker="x", linestyle="none", color=_CANCEL_COLOR, label="cancelled"),
+            *(
+                [Line2D([], [], marker="X", linestyle="none", color="black", label="failed")]
+                if measured
+                else []
+            ),
             Line2D(
                 [],
                 [],

@@ -149,6 +149,19 @@ def test_the_written_file_runs_a_scenario_as_it_is(tmp_path: Path) -> None:
         (["--url", "http://127.0.0.1:9", "--out", "x.toml", "--repeats", "0"], "repeats"),
         (["--url", "ftp://somewhere", "--out", "x.toml"], "--url"),
         (["--from-probes", "missing.csv", "--out", "x.toml"], "--from-probes: missing.csv"),
+        (["--url", "http://127.0.0.1:9", "--out", "x.toml", "--prompts", "256"], "two prompt"),
+        (
+            ["--url", "http://127.0.0.1:9", "--out", "x.toml", "--concurrency", "1,4"],
+            "--concurrency: sends up to 4 requests at once, which measures a batching server",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9", "--out", "x.toml", "--workload", "closed.toml"],
+            "--workload: ",
+        ),
+        (
+            ["--from-probes", "p.csv", "--measured", "nope", "--out", "x.toml"],
+            "--measured: nope: no such folder (simsim replay --out writes one)",
+        ),
     ],
 )
 def test_bad_calibrate_arguments_exit_2_naming_the_flag(
@@ -159,6 +172,12 @@ def test_bad_calibrate_arguments_exit_2_naming_the_flag(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "closed.toml").write_text(
+        '[workload]\nkind = "closed_loop"\nusers = 2\nrequests_per_user = 2\n'
+        "think_time_us = 100\nprompt_tokens = 8\noutput_tokens = 4\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "p.csv").write_text(",".join(PROBE_COLUMNS) + "\n", encoding="utf-8")
     assert main(["calibrate", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
@@ -209,3 +228,32 @@ def test_measured_decode_steps_come_from_a_replayed_folder(
     capsys.readouterr()
     assert main([*argv, "--measured", str(simulated)]) == 2
     assert "--measured: " in capsys.readouterr().err
+
+
+def test_a_workload_without_a_backend_table_gives_the_probe_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """calibrate --workload (like replay) reads only the requests: no [backend] needed."""
+    workload = tmp_path / "w.toml"
+    workload.write_text(
+        "[[requests]]\nrequest_id = 0\narrival_time_us = 0\nprompt_token_count = 30\n"
+        "max_output_tokens = 40\n[[requests]]\nrequest_id = 1\narrival_time_us = 5\n"
+        "prompt_token_count = 300\nmax_output_tokens = 40\n",
+        encoding="utf-8",
+    )
+    argv = ["calibrate", "--url", "http://127.0.0.1:9", "--workload", str(workload)]
+    assert main([*argv, "--out", str(tmp_path / "b.toml")]) == 1  # planned, then unreachable
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_fit_messages_say_why_nothing_could_be_fitted() -> None:
+    plan = probe_plan(prompts=[16, 300], outputs=[20], repeats=1)
+    probes = simulated_probes(plan, SINGLE)
+    failed = probes.assign(error="ConnectError: refused")
+    with pytest.raises(ValueError, match="2 of 2 probe requests failed"):
+        fit_backend(failed)
+    with pytest.raises(ValueError, match="describes a batching server"):
+        fit_backend(probes.assign(concurrency=2))
+    one_length = simulated_probes(probe_plan(prompts=[16], outputs=[20], repeats=2), SINGLE)
+    with pytest.raises(ValueError, match="at least two prompt lengths"):
+        fit_backend(one_length)

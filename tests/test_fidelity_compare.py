@@ -74,7 +74,14 @@ def frame(rows: Sequence[tuple[int, int, int, int, int]], scale: float = 1.0) ->
 
 def test_b_ten_percent_slower_everywhere_gives_ten_percent_everywhere() -> None:
     comparison = compare_runs(frame(BASE), frame(BASE, scale=1.1))
-    assert comparison.request_counts == {"a": 5, "b": 5, "matched": 5, "only_a": 0, "only_b": 0}
+    assert comparison.request_counts == {
+        "a": 5,
+        "b": 5,
+        "matched": 5,
+        "only_a": 0,
+        "only_b": 0,
+        "different_sizes": 0,
+    }
     assert comparison.errors["used"].tolist() == [5, 5, 5]
     for column in ("median_ape", "p90_ape"):
         assert comparison.errors[column].tolist() == pytest.approx([0.1] * 3, rel=1e-12)
@@ -131,7 +138,14 @@ def test_every_excluded_request_is_counted_by_its_reason() -> None:
         ]
     )
     comparison = compare_runs(a, b)
-    assert comparison.request_counts == {"a": 6, "b": 6, "matched": 5, "only_a": 1, "only_b": 1}
+    assert comparison.request_counts == {
+        "a": 6,
+        "b": 6,
+        "matched": 5,
+        "only_a": 1,
+        "only_b": 1,
+        "different_sizes": 1,  # request 2's output limit: 0 in A, 2 in B
+    }
     errors = comparison.errors
     assert errors.loc["ttft_us"].to_dict() == pytest.approx(
         {
@@ -479,3 +493,25 @@ def test_comparison_is_frozen() -> None:
         comparison.labels = ("x", "y")  # type: ignore[misc]
     assert list(comparison.per_request.columns[:3]) == ["request_id", "a_state", "b_state"]
     assert set(REQUEST_COLUMNS) >= set(METRICS)
+
+
+def test_runs_of_different_workloads_are_warned_about(
+    tmp_path: Path, two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Matched ids with other prompt or output lengths: a warning, in the table and on
+    stderr; a folder compared with itself: a warning too."""
+    a = frame(BASE)
+    b = a.assign(prompt_token_count=a["prompt_token_count"] + [0, 0, 1, 0, 7])
+    comparison = compare_runs(a, b)
+    assert comparison.request_counts["different_sizes"] == 2
+    assert "WARNING: 2 matched requests differ in prompt or output length" in comparison.table()
+    assert "WARNING" not in compare_runs(a, a).table()
+    fast, _ = two_runs
+    assert cli.main(["compare", str(fast), str(fast)]) == 0
+    assert "A and B are the same folder" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    requests = read_run_folder(fast).requests()
+    write_run_folder(other, {"requests": requests.assign(max_output_tokens=1)})
+    assert cli.main(["compare", str(fast), str(other)]) == 0
+    assert "not runs of the same workload" in capsys.readouterr().err

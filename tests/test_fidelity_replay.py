@@ -440,7 +440,13 @@ def test_the_manifest_takes_extra_keys_but_not_standard_ones(tmp_path: Path) -> 
 
 
 def test_urls_are_normalised_and_bad_ones_named() -> None:
-    for url in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"):
+    for url in (
+        "http://h:8000",
+        "http://h:8000/",
+        "http://h:8000/v1",
+        "http://h:8000/v1/",
+        "http://h:8000/v1/completions",
+    ):
         assert server_root(url) == "http://h:8000"
     assert completions_url("https://h/proxy/v1") == "https://h/proxy/v1/completions"
     for bad, rule in (
@@ -524,3 +530,19 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def test_a_workload_file_needs_no_backend_table_to_be_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server measured is the cost model: replay reads only the requests."""
+    workload = tmp_path / "w.toml"
+    workload.write_text(
+        "[[requests]]\nrequest_id = 0\narrival_time_us = 0\nprompt_token_count = 3\n"
+        "max_output_tokens = 2\n",
+        encoding="utf-8",
+    )
+    url = f"http://127.0.0.1:{_free_port()}"
+    status = main(["replay", str(workload), "--url", url, "--out", str(tmp_path / "m")])
+    assert status == 1  # read and planned; then the server cannot be reached
+    assert "cannot reach" in capsys.readouterr().err

@@ -425,4 +425,7 @@ def test_the_fast_engine_refuses_a_fitted_backend_file(
     )
     load_scenario(scenario)  # a valid file on its own
     assert main(["run", str(scenario), "--backend", str(backend), "--out", str(tmp_path)]) == 2
-    assert 'use engine = "single_slot"' in capsys.readouterr().err
+    error = capsys.readouterr().err
+    # Blamed on the backend file's kind, naming the scenario whose engine cannot take it.
+    assert f"{backend}: backend.kind: " in error
+    assert f'{scenario} uses engine = "single_slot_fast"' in error

@@ -472,6 +472,11 @@ def test_a_measured_folder_is_drawn_as_measured(tmp_path: Path) -> None:
     assert plots.MEASURED_NOTE in ax.get_title()
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert labels[:2] == ["sent to first token", "first token to the end"]
+    assert "failed" in labels
+    failed = plots.draw_gantt(folder.requests().assign(state="FAILED"), measured=True)
+    markers = [c for c in failed.axes[0].collections if c.get_offsets().shape[0] == 2]
+    assert markers, "both failed requests are marked"
+    plt.close(failed)
     # Request 0: 0-3 ms to its first token, 3-9 ms decoding; no waiting bar.
     bars = [
         [tuple(path.get_extents().intervalx) for path in collection.get_paths()]

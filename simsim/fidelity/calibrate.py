@@ -431,10 +431,13 @@ class Calibration:
             "median, predicted by the fitted model",
             _summary_table(self.probe_summary),
             "",
-            f"decode fit:  R^2 = {self.decode_fit.r_squared:.4f} over "
-            f"{len(self.decode_fit.observed)} observations",
-            f"prefill fit: R^2 = {self.prefill_fit.r_squared:.4f} over "
-            f"{len(self.prefill_fit.observed)} probes",
+            f"decode fit:  R^2 = {self.decode_fit.r_squared:.4f}, largest residual "
+            f"{_largest_residual(self.decode_fit)} of the observation, over "
+            f"{_count(len(self.decode_fit.observed), 'observation')}",
+            f"prefill fit: R^2 = {self.prefill_fit.r_squared:.4f}, largest residual "
+            f"{_largest_residual(self.prefill_fit)} of the observation, over "
+            f"{_count(len(self.prefill_fit.observed), 'probe')}",
+            "(R^2 is near 0 when the observations hardly vary: then read the residuals)",
             "",
             "[backend] kind = fitted",
         ]
@@ -465,13 +468,25 @@ def fit_backend(
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     batching = engine == "batching"
+    probes = probes_frame(probes)
+    if not batching and (probes["concurrency"] > 1).any():
+        raise ValueError(
+            f"the probes send up to {int(probes['concurrency'].max())} requests at once, "
+            "which describes a batching server: fit them with engine 'batching'"
+        )
+    failed = int((probes["error"] != "").sum())
+    why = (
+        f"{failed} of {len(probes)} probe requests failed (see their error column)"
+        if failed
+        else "the probes lack error-free requests of more than "
+        f"{GAP_WINDOW} tokens (raise the output lengths)"
+    )
     if decode is None:
         decode = decode_observations(probes)
+    elif failed == len(probes):
+        why = f"every one of the {failed} probe requests failed (see their error column)"
     if len(decode) < 2:
-        raise ValueError(
-            f"{len(decode)} decode observations: probes need error-free requests of at least "
-            f"{GAP_WINDOW + 1} tokens (raise the output lengths)"
-        )
+        raise ValueError(f"{_count(len(decode), 'decode observation')}: {why}")
     decode_columns: dict[str, Any] = {"decode_base_us": np.ones(len(decode))}
     if batching:
         decode_columns["decode_per_sequence_us"] = decode["concurrency"].to_numpy(float)
@@ -479,8 +494,14 @@ def fit_backend(
     decode_fit = fit_nonnegative(decode_columns, decode["gap_us"].to_numpy(float))
 
     prefill = prefill_observations(probes)
-    if len(prefill) < 2:
-        raise ValueError(f"{len(prefill)} probes gave a first token; at least 2 are needed")
+    lengths = prefill["prompt_tokens"].nunique()
+    if lengths < 2:
+        hint = why if prefill.empty else "probe more prompt lengths"
+        raise ValueError(
+            f"{_count(len(prefill), 'probe')} with a first token, at "
+            f"{_count(lengths, 'prompt length')}: at least two prompt lengths are needed to "
+            f"see how the prefill grows with the prompt ({hint})"
+        )
     n = prefill["concurrency"].to_numpy(float)
     p = prefill["prompt_tokens"].to_numpy(float)
     first_steps = [
@@ -558,6 +579,20 @@ def _probe_summary(
             }
         )
     return pd.DataFrame(rows)
+
+
+def _largest_residual(fit: LinearFit) -> str:
+    """The largest |observed - predicted| / observed, as a percentage."""
+    shares = [
+        abs(residual) / abs(observed)
+        for residual, observed in zip(fit.residuals, fit.observed, strict=True)
+        if observed
+    ]
+    return f"{100 * max(shares):.1f}%" if shares else "-"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def _spread(values: np.ndarray) -> float:

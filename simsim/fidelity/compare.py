@@ -101,7 +101,9 @@ class Comparison:
 
     - ``labels``: the two sides' names (folder names, ``"A"``/``"B"`` for DataFrames, or
       what the caller gave).
-    - ``request_counts``: requests in A, in B, in both (``matched``), only in A, only in B.
+    - ``request_counts``: requests in A, in B, in both (``matched``), only in A, only in B,
+      and ``different_sizes``: matched requests whose prompt or output length differs
+      (not 0 means the runs are not of one workload; the table warns).
     - ``per_request``: one row per request id in either run, in id order: ``request_id``,
       ``a_state``, ``b_state`` (``NaN`` on the side that lacks the request), then per
       metric ``a_<metric>``, ``b_<metric>`` (the values, ``<NA>`` where a side has none)
@@ -137,6 +139,13 @@ class Comparison:
             f"B:             {b}, {counts['b']} requests",
             f"matched by request_id: {counts['matched']} "
             f"({counts['only_a']} only in A, {counts['only_b']} only in B)",
+        ]
+        if counts.get("different_sizes"):
+            lines.append(
+                f"WARNING: {counts['different_sizes']} matched requests differ in prompt or "
+                "output length: these runs are not of the same workload"
+            )
+        lines += [
             "",
             "per-request error |B - A| / A",
             f"{'':8}{'median':>9}{'p90':>9}{'used':>8}   excluded",
@@ -233,6 +242,9 @@ class Comparison:
         return written
 
 
+_SIZES = ("prompt_token_count", "max_output_tokens")
+
+
 def compare_runs(
     measured: RunInput,
     simulated: RunInput,
@@ -274,12 +286,17 @@ def compare_runs(
             f"compared (A's ids {_id_range(a_ids)}, B's {_id_range(b_ids)}); compare runs "
             "of the same workload"
         )
+    both = a[["request_id", *_SIZES]].merge(b[["request_id", *_SIZES]], on="request_id")
+    differ = pd.Series(False, index=both.index)
+    for column in _SIZES:
+        differ |= both[f"{column}_x"] != both[f"{column}_y"]
     counts = {
         "a": len(a),
         "b": len(b),
         "matched": len(matched_ids),
         "only_a": len(a_ids - b_ids),
         "only_b": len(b_ids - a_ids),
+        "different_sizes": int(differ.sum()),
     }
     per_request = _per_request(a, b)
     errors = pd.DataFrame(
@@ -352,6 +369,8 @@ def _requests(run: RunInput, side: str) -> pd.DataFrame:
             "requests are matched by id, so each id must appear once"
         )
     columns = {"request_id": ids.astype("int64"), "state": frame["state"].astype(str)}
+    for size in _SIZES:
+        columns[size] = frame[size].astype("int64")
     for metric in METRICS:
         try:
             values = frame[metric].astype("Float64")

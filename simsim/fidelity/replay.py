@@ -212,8 +212,8 @@ def _is_int(value: object) -> bool:
 def server_root(url: str) -> str:
     """The server's root URL: *url* without a trailing ``/`` or ``/v1``.
 
-    ``http://127.0.0.1:8000``, ``http://127.0.0.1:8000/`` and
-    ``http://127.0.0.1:8000/v1`` all give ``http://127.0.0.1:8000``. ``ValueError``
+    ``http://127.0.0.1:8000``, ``http://127.0.0.1:8000/``, ``http://127.0.0.1:8000/v1``
+    and ``http://127.0.0.1:8000/v1/completions`` all give ``http://127.0.0.1:8000``. ``ValueError``
     naming *url* for anything but an ``http(s)://host[:port][/path]`` URL.
     """
     try:
@@ -227,7 +227,8 @@ def server_root(url: str) -> str:
         )
     if parsed.query or parsed.fragment:
         raise ValueError(f"url {url!r} must not have a query or fragment")
-    root = str(parsed.copy_with(path=parsed.path.rstrip("/").removesuffix("/v1")))
+    path = parsed.path.rstrip("/").removesuffix("/completions").removesuffix("/v1")
+    root = str(parsed.copy_with(path=path))
     return root.rstrip("/")
 
 

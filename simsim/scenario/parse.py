@@ -63,6 +63,7 @@ def load_scenario(
     seed: int | None = None,
     require_requests: bool = True,
     backend: str | Path | None = None,
+    require_backend: bool = True,
 ) -> Scenario:
     """Read and validate a TOML scenario file; *seed* overrides the file's seed.
 
@@ -70,17 +71,29 @@ def load_scenario(
     *backend*, a second TOML file (such as the one ``simsim calibrate`` writes), replaces
     that table with its own ``[backend]`` table (its other tables are not read). Without
     *require_requests* (``simsim serve``, whose clients send the requests), a file with
-    no ``[[requests]]``, ``[trace]`` or ``[workload]`` is accepted.
+    no ``[[requests]]``, ``[trace]`` or ``[workload]`` is accepted; without
+    *require_backend* (``simsim replay``, which measures a real server), a file without
+    ``[backend]`` is (its costs are then all zero).
     """
     path = Path(path)
     data = read_toml(path)
     if backend is not None:
-        data = {**data, "backend": _backend_table(backend)[1]}
+        check, table = _backend_table(backend)
+        head = data.get("scenario")
+        engine = head.get("engine") if isinstance(head, dict) else None
+        if engine == "single_slot_fast" and table.get("kind") == "fitted":
+            raise check.fail(
+                "backend.kind",
+                f"a fitted backend prices each decode step from its context, and {path} uses "
+                'engine = "single_slot_fast", which prices one decode step per request; use '
+                '"single_slot"',
+            )
+        data = {**data, "backend": table}
     scenario = parse_scenario(
         data,
         source=str(path),
         base_dir=path.parent,
-        require_backend=True,
+        require_backend=require_backend,
         require_requests=require_requests,
     )
     return scenario if seed is None else scenario.with_seed(seed)
