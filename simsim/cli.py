@@ -984,6 +984,13 @@ def _calibration_plan(args: argparse.Namespace, calibrate: Any) -> list[Any]:
             f"needs at least two prompt lengths, to see how the prefill grows with the "
             f"prompt; got {prompts}",
         )
+    if args.engine == "batching" and len(set(levels)) < 2:
+        raise ScenarioError(
+            "--concurrency",
+            "",
+            f"needs at least two levels for a batching server, to tell a step's cost per "
+            f"sequence from its base; got {levels}",
+        )
     if args.engine == "single_slot" and max(levels) > 1:
         raise ScenarioError(
             "--concurrency",

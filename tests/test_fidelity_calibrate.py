@@ -68,11 +68,12 @@ def test_calibrate_recovers_a_single_slot_model_from_a_live_server(
     # Decode gaps are the server's own steps: within 10%.
     assert fitted["decode_base_us"] == pytest.approx(12_000, rel=0.10)
     assert fitted["decode_per_context_token_us"] == pytest.approx(10.0, rel=0.10)
-    # The prefill's slope within 15% (five single probes on a shared machine); its base
-    # gets the client's and the server's HTTP overhead on top (measured 5-9 ms here).
+    # The prefill's slope within 25% (five single probes, timed in real time: within 15%
+    # on an idle machine, up to 16% off measured while other work loaded both cores);
+    # its base gets the client's and the server's HTTP overhead on top (5-9 ms here).
     assert fitted["prefill_per_token_us"] + 1000 * fitted[
         "prefill_per_token_squared_us"
-    ] == pytest.approx(40.0, rel=0.15)
+    ] == pytest.approx(40.0, rel=0.25)
     assert 20_000 <= fitted["prefill_base_us"] <= 35_000
     assert "R^2" in report and "wrote" in report
     # The saved probes fit again to exactly the same table, without the server.
@@ -150,6 +151,17 @@ def test_the_written_file_runs_a_scenario_as_it_is(tmp_path: Path) -> None:
         (["--url", "ftp://somewhere", "--out", "x.toml"], "--url"),
         (["--from-probes", "missing.csv", "--out", "x.toml"], "--from-probes: missing.csv"),
         (["--url", "http://127.0.0.1:9", "--out", "x.toml", "--prompts", "256"], "two prompt"),
+        (
+            [
+                "--url",
+                "http://127.0.0.1:9",
+                "--out",
+                "x.toml",
+                "--engine=batching",
+                "--concurrency=4",
+            ],
+            "--concurrency: needs at least two levels for a batching server",
+        ),
         (
             ["--url", "http://127.0.0.1:9", "--out", "x.toml", "--concurrency", "1,4"],
             "--concurrency: sends up to 4 requests at once, which measures a batching server",

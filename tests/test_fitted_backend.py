@@ -429,3 +429,25 @@ def test_the_fast_engine_refuses_a_fitted_backend_file(
     # Blamed on the backend file's kind, naming the scenario whose engine cannot take it.
     assert f"{backend}: backend.kind: " in error
     assert f'{scenario} uses engine = "single_slot_fast"' in error
+
+
+def test_a_test_double_does_not_opt_in_to_step_costs() -> None:
+    """step_us is looked up on the class: a Mock answers every attribute, yet prices its
+    work through prefill_us and decode_step_us as before."""
+    from unittest import mock
+
+    double = mock.Mock()
+    double.prefill_us.return_value = 10
+    double.decode_step_us.return_value = 3
+    engine = SimulationEngine(double)
+    engine.submit(Request(0, 0, 5, 3))
+    engine.run()
+    assert engine.requests[0].finish_time_us == 10 + 3 * 3
+    FastSimulationEngine(double)  # not refused: it has no step_us of its own
+
+
+def test_the_batching_server_refuses_an_output_that_must_overflow_the_clock() -> None:
+    engine = BatchingEngine(fitted(decode_base_us=2.0**40), max_active_requests=2)
+    engine.submit(Request(0, 0, 1, 2**40))
+    with pytest.raises(OverflowError, match="decode_base_us \\+ decode_per_sequence_us, rounded"):
+        engine.run()

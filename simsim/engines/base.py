@@ -149,8 +149,12 @@ class EngineBase(ABC):
                 f"env must be a simsim.Environment (integer-microsecond clock), got {kind}"
             )
         self._backend = backend
-        # A StepCostBackend's step_us prices all work when the backend has one.
-        price_step = getattr(backend, "step_us", None)
+        # A StepCostBackend's step_us prices all work when the backend's class defines
+        # one (looked up on the class: an object that answers every attribute, such as
+        # a test double, does not opt in by accident).
+        price_step = (
+            getattr(backend, "step_us", None) if hasattr(type(backend), "step_us") else None
+        )
         self._price_step: Callable[[Sequence[tuple[int, int]], Sequence[int]], int] | None = (
             price_step if callable(price_step) else None
         )

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from simpy.events import Event
 
-from simsim.backend import Backend, SimulatedBackend, check_duration_us, iteration_cost_us
+from simsim.backend import (
+    Backend,
+    FittedBackend,
+    SimulatedBackend,
+    check_duration_us,
+    iteration_cost_us,
+    round_us,
+)
 from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.errors import InvalidTransitionError, StaleEventError
@@ -173,6 +180,7 @@ class BatchingEngine(EngineBase):
         # A lower bound on every iteration a request decodes in, when it is known: with
         # SimulatedBackend's own decode price, decode_base_us + per-sequence * 1.
         self._decode_floor_us = 0
+        self._decode_floor_what = "decode_base_us + decode_per_active_sequence_us"
         if (
             self._iteration_us is None
             and isinstance(backend, SimulatedBackend)
@@ -180,6 +188,12 @@ class BatchingEngine(EngineBase):
         ):
             costs = backend.config
             self._decode_floor_us = costs.decode_base_us + costs.decode_per_active_sequence_us
+        elif isinstance(backend, FittedBackend) and type(backend).step_us is FittedBackend.step_us:
+            # FittedBackend's steps are never cheaper than one sequence decoding alone
+            # over no context, rounded as it rounds (the rounding is monotone).
+            fitted = backend.config
+            self._decode_floor_us = round_us(fitted.decode_base_us + fitted.decode_per_sequence_us)
+            self._decode_floor_what = "decode_base_us + decode_per_sequence_us, rounded"
 
     # ------------------------------------------------------------------ accessors
 
@@ -547,7 +561,7 @@ class BatchingEngine(EngineBase):
                 raise OverflowError(
                     f"request {request.request_id}: {left} more output tokens (max_output_tokens "
                     f"{request.max_output_tokens}) at no less than {floor} us per iteration "
-                    f"(decode_base_us + decode_per_active_sequence_us) would end past the "
+                    f"({self._decode_floor_what}) would end past the "
                     f"64-bit limit 2**63 - 1 (its first decode iteration ends at {end} us)"
                 )
 

@@ -13,8 +13,8 @@ cache cannot hit by accident), and the output is ``max_tokens`` with ``ignore_eo
 ``min_tokens`` set. Every request gets a connection of its own (llama.cpp's server closes
 one after each streamed response). Times come from :func:`time.perf_counter_ns`, in
 integer microseconds since a time zero taken just before the schedule starts; a request's
-``arrival_time_us`` is when it was actually sent, so latencies never include the
-client's own lag, which is recorded apart (``send_lag_us``).
+``arrival_time_us`` is when it was actually sent, so latencies never include how late
+the client sent it, which is recorded apart (``send_lag_us``).
 
 :func:`stream_completion` is the building block: one streamed request, its token times.
 """

@@ -239,7 +239,9 @@ def _parse_backend(
     """``[backend]``: integer coefficients by default, or ``kind = "fitted"`` and floats."""
     kind = check.choice(table, "kind", "backend", BACKEND_KINDS, default="simulated")
     if kind == "simulated":
-        check.keys(table, (*_BACKEND_KEYS, "kind"), "backend")
+        # The allowed keys are named as before kind existed: an unknown key's message
+        # is the one users of the linear model have always seen.
+        check.keys({k: v for k, v in table.items() if k != "kind"}, _BACKEND_KEYS, "backend")
         return SimulatedBackendConfig(
             **{key: check.integer(table, key, "backend", default=0) for key in _BACKEND_KEYS}
         )
