@@ -181,8 +181,8 @@ def test_failed_probes_are_left_out_of_both_fits() -> None:
     probes = probes_frame([_row(0, 0, "100 200 300", error="HTTP 500"), _row(0, 1, "100 200 300")])
     assert decode_observations(probes).empty
     assert prefill_observations(probes).empty
-    with pytest.raises(ValueError, match="0 decode observations"):
-        fit_backend(probes)
+    with pytest.raises(ValueError, match="0 decode observations: 1 of 2 probe requests failed"):
+        fit_backend(probes, "batching")
 
 
 def test_probe_plans_interleave_repeats_and_refuse_bad_sizes() -> None:
