@@ -70,7 +70,9 @@ class IterationRecord:
 
     ``end_us`` is the planned end, also for an abandoned iteration; the counts are as
     launched. ``batch_size`` is how many requests held a slot at launch and
-    ``kv_blocks_in_use`` how many KV blocks they held (0 without a KV cache).
+    ``kv_blocks_in_use`` how many KV blocks they held (0 without a KV cache; a block
+    shared through the prefix cache counts once), ``kv_blocks_cached`` how many blocks
+    nobody held that kept a cached prefix (0 without a prefix cache).
     """
 
     start_us: int
@@ -81,9 +83,14 @@ class IterationRecord:
     abandoned: bool
     batch_size: int
     kv_blocks_in_use: int
+    kv_blocks_cached: int = 0
 
 
-ITERATION_COLUMNS = tuple(spec.name for spec in fields(IterationRecord))
+ITERATION_COLUMNS = tuple(
+    spec.name for spec in fields(IterationRecord) if spec.name != "kv_blocks_cached"
+)
+"""The columns of an iterations frame; a server with a prefix cache appends
+``kv_blocks_cached``."""
 
 
 R = TypeVar("R")

@@ -21,6 +21,7 @@ PREEMPTED                   CANCELLED   cancelled while waiting to be readmitted
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -79,14 +80,35 @@ _NEXT_STATES: Final = {
 }
 
 
+def _hashes(values: Iterable[Hashable], request_id: object) -> tuple[Hashable, ...]:
+    """*values* as a tuple of hashable keys (``TypeError`` naming the request otherwise)."""
+    if isinstance(values, str | bytes):
+        raise TypeError(
+            f"request {request_id}: block_hashes must be a sequence of hashes, one per full "
+            f"KV block of the prompt, got the string {values!r}"
+        )
+    try:
+        keys = tuple(values)
+        for key in keys:
+            hash(key)
+    except TypeError as error:
+        raise TypeError(
+            f"request {request_id}: block_hashes must be hashable values ({error})"
+        ) from None
+    return keys
+
+
 @dataclass(slots=True, eq=True)
 class Request:
     """One inference request: its size, its lifecycle state and its timestamps.
 
-    Create it with the first four fields; the rest describe its progress and start
-    pristine (``WAITING``, no tokens, no timestamps), which is what an engine's
-    ``submit`` requires. All times are ``int`` microseconds; a timestamp that has not
-    happened is ``None``, never a sentinel number.
+    Create it with the first four fields (and, for a batching server with a prefix
+    cache, the keyword ``block_hashes``: one hash per full KV block of the prompt,
+    chained so that equal hashes at position *i* mean equal prompts up to that block);
+    the rest describe its progress and start pristine (``WAITING``, no tokens, no
+    timestamps), which is what an engine's ``submit`` requires. All times are ``int``
+    microseconds; a timestamp that has not happened is ``None``, never a sentinel
+    number.
     """
 
     request_id: int
@@ -99,6 +121,10 @@ class Request:
     prefill_end_time_us: int | None = None
     first_token_time_us: int | None = None
     finish_time_us: int | None = None
+    # Prefix caching (optional): the chain of hashes of the prompt's full KV blocks, and
+    # how many prompt tokens the batching server's cache served at the first admission.
+    block_hashes: tuple[Hashable, ...] | None = field(default=None, repr=False)
+    cached_prompt_token_count: int = field(default=0, repr=False)
     # The engine's one outstanding lifecycle event for this request (not public state).
     _pending: Any = field(default=None, init=False, repr=False, compare=False)
     # The engine's event object for this request, reused from step to step.
@@ -119,6 +145,8 @@ class Request:
         prefill_end_time_us: int | None = None,
         first_token_time_us: int | None = None,
         finish_time_us: int | None = None,
+        *,
+        block_hashes: Iterable[Hashable] | None = None,
     ) -> None:
         self.request_id = request_id
         self.arrival_time_us = arrival_time_us
@@ -130,6 +158,8 @@ class Request:
         self.prefill_end_time_us = prefill_end_time_us
         self.first_token_time_us = first_token_time_us
         self.finish_time_us = finish_time_us
+        self.block_hashes = None if block_hashes is None else _hashes(block_hashes, request_id)
+        self.cached_prompt_token_count = 0
         self._pending = None
         self._event = None
         if (

@@ -38,6 +38,7 @@ from simsim.backend import (
 )
 from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
+from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
@@ -83,14 +84,17 @@ class KvCacheConfig:
 class _Slot:
     """A request's place in the batch: how much it has prefilled and what it holds."""
 
-    __slots__ = ("blocks", "decoded", "left", "prefilled", "request", "target")
+    __slots__ = ("blocks", "decoded", "left", "prefilled", "request", "table", "target")
 
-    def __init__(self, request: Request, target: int, blocks: int) -> None:
+    def __init__(
+        self, request: Request, target: int, blocks: int, table: BlockTable | None = None
+    ) -> None:
         self.request = request
         self.target = target  # tokens to prefill: the prompt plus any recomputed output
         self.prefilled = 0
         self.decoded = 0  # tokens decoded since this admission
         self.blocks = blocks
+        self.table = table  # its blocks in the prefix cache's pool, with one
         self.left = False  # cancelled while its iteration ran
 
 
@@ -143,9 +147,16 @@ class BatchingEngine(EngineBase):
         max_batch_tokens: int | None = None,
         policy: str = "prefill_first",
         kv_cache: KvCacheConfig | None = None,
+        prefix_cache: bool = False,
         env: Environment | None = None,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
+        if type(prefix_cache) is not bool:
+            raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
+        if prefix_cache and kv_cache is None:
+            raise ValueError(
+                "prefix_cache=True needs a kv_cache: the cache shares and keeps its KV blocks"
+            )
         if max_batch_tokens is not None:
             max_batch_tokens = positive_int(max_batch_tokens, "max_batch_tokens")
             if max_batch_tokens < slots:
@@ -165,6 +176,10 @@ class BatchingEngine(EngineBase):
         self._policy = policy
         self._kv_cache = kv_cache
         self._free_blocks = 0 if kv_cache is None else kv_cache.total_blocks
+        self._pool: PrefixCache | None = None
+        if prefix_cache:
+            assert kv_cache is not None
+            self._pool = PrefixCache(kv_cache.total_blocks)
         self._slots: list[_Slot] = []  # admission order, oldest first
         self._slot_of: dict[int, _Slot] = {}
         self._iteration: _Iteration | None = None
@@ -218,9 +233,22 @@ class BatchingEngine(EngineBase):
         return self._kv_cache
 
     @property
+    def prefix_cache(self) -> bool:
+        """Whether requests share and keep the KV blocks of common prompt prefixes."""
+        return self._pool is not None
+
+    @property
+    def kv_blocks_cached(self) -> int:
+        """KV blocks nobody holds that still hold a cached prefix (0 without a cache)."""
+        self._check_alive()
+        return 0 if self._pool is None else self._pool.cached_blocks
+
+    @property
     def kv_blocks_in_use(self) -> int:
         """KV blocks held by requests in the batch now."""
         self._check_alive()
+        if self._pool is not None:  # shared blocks count once
+            return self._pool.used_blocks
         return sum(slot.blocks for slot in self._slots)
 
     @property
@@ -235,12 +263,30 @@ class BatchingEngine(EngineBase):
         self._check_alive()
         return tuple(self._iterations)
 
+    def requests_frame(self) -> pd.DataFrame:
+        """As on every engine; with a prefix cache, ``cached_prompt_tokens`` is appended:
+        the prompt tokens the cache served at each request's first admission."""
+        frame = super().requests_frame()
+        if self._pool is not None:
+            import pandas as pd
+
+            counts = [self._requests[rid].cached_prompt_token_count for rid in frame["request_id"]]
+            frame["cached_prompt_tokens"] = pd.array(counts, dtype="int64")
+        return frame
+
     def iterations_frame(self) -> pd.DataFrame:
-        """One row per :attr:`iteration_log` entry; times are ``Int64``."""
+        """One row per :attr:`iteration_log` entry; times are ``Int64``. With a prefix
+        cache, ``kv_blocks_cached`` is appended."""
         self._check_alive()
+        import pandas as pd
+
         from simsim.results import iterations_frame
 
-        return iterations_frame(self._iterations)
+        frame = iterations_frame(self._iterations)
+        if self._pool is not None:
+            cached = [record.kv_blocks_cached for record in self._iterations]
+            frame["kv_blocks_cached"] = pd.array(cached, dtype="int64")
+        return frame
 
     # ------------------------------------------------------------------ submission
 
@@ -248,6 +294,17 @@ class BatchingEngine(EngineBase):
         cache = self._kv_cache
         if cache is None:
             return
+        hashes = request.block_hashes
+        if (
+            hashes is not None
+            and len(hashes) > request.prompt_token_count // cache.block_size_tokens
+        ):
+            raise ValueError(
+                f"request {request.request_id} has {len(hashes)} block_hashes, but its "
+                f"{request.prompt_token_count} prompt tokens fill only "
+                f"{request.prompt_token_count // cache.block_size_tokens} blocks of "
+                f"{cache.block_size_tokens} tokens (one hash per full block)"
+            )
         need = cache.blocks_for(request.prompt_token_count + request.max_output_tokens)
         if need > cache.total_blocks:
             raise ValueError(
@@ -293,6 +350,8 @@ class BatchingEngine(EngineBase):
 
     def _prefilled(self, slot: _Slot, chunk: int, now: int) -> None:
         slot.prefilled += chunk
+        if slot.table is not None:
+            self._publish(slot)
         if slot.prefilled < slot.target:
             return
         request = slot.request
@@ -340,10 +399,22 @@ class BatchingEngine(EngineBase):
             sequence = self._env.next_sequence()
         self._event_log.append(now, sequence, event_type, request_id)
 
+    def _publish(self, slot: _Slot) -> None:
+        """Name the prompt blocks *slot* has filled, so that later requests can share them."""
+        assert self._pool is not None and self._kv_cache is not None and slot.table is not None
+        hashes = slot.request.block_hashes
+        if hashes:
+            full = slot.prefilled // self._kv_cache.block_size_tokens
+            self._pool.publish(slot.table, hashes[:full])
+
     def _leave(self, slot: _Slot) -> None:
         self._slots.remove(slot)
         del self._slot_of[slot.request.request_id]
-        self._free_blocks += slot.blocks
+        if slot.table is not None:
+            assert self._pool is not None
+            self._pool.release(slot.table)
+        else:
+            self._free_blocks += slot.blocks
         slot.blocks = 0
 
     # ------------------------------------------------------------------ iteration start
@@ -367,8 +438,12 @@ class BatchingEngine(EngineBase):
         participants, record = self._plan(now, slots, new_slots)
         for slot, epoch in admitted:
             request = slot.request
+            first_admission = request.admit_time_us is None
             request.transition_to(_PREFILLING, now)
-            self._free_blocks -= slot.blocks
+            if slot.table is None:
+                self._free_blocks -= slot.blocks
+            elif first_admission:
+                request.cached_prompt_token_count = slot.prefilled
             self._slots.append(slot)
             self._slot_of[request.request_id] = slot
             self._admission_log.append(now, request.request_id, epoch)
@@ -386,8 +461,13 @@ class BatchingEngine(EngineBase):
                 continue
             need = cache.blocks_for(slot.target + slot.decoded + 1) - slot.blocks
             rid = slot.request.request_id
+            pool = self._pool
             while need > 0 and self._slot_of.get(rid) is slot:
-                if self._free_blocks > 0:
+                if pool is not None and slot.table is not None and pool.available_blocks > 0:
+                    pool.grow(slot.table)
+                    slot.blocks += 1
+                    need -= 1
+                elif pool is None and self._free_blocks > 0:
                     self._free_blocks -= 1
                     slot.blocks += 1
                     need -= 1
@@ -429,15 +509,31 @@ class BatchingEngine(EngineBase):
             if cap is not None and chosen and new_tokens + target > cap:
                 break  # the head would pass the token cap: it waits, nobody overtakes it
             blocks = 0
+            table = None
+            cached = 0
             if cache is not None:
                 more = 1 if request.generated_token_count < request.max_output_tokens else 0
                 blocks = cache.blocks_for(target + more)
-                if blocks > free_blocks:
-                    break  # the head does not fit in memory: it waits
+                pool = self._pool
+                if pool is None:
+                    if blocks > free_blocks:
+                        break  # the head does not fit in memory: it waits
+                else:
+                    # The longest cached prefix, leaving at least one token to compute.
+                    keys = request.block_hashes or ()
+                    limit = max(0, target - 1) // cache.block_size_tokens
+                    matched = pool.match(keys, limit)
+                    if pool.needed(keys, matched) + blocks - matched > pool.available_blocks:
+                        break  # the head does not fit in memory: it waits
+                    # Held at once: if pricing the iteration fails, the engine has failed.
+                    table = pool.acquire(keys, matched, blocks - matched)
+                    cached = matched * cache.block_size_tokens
             self._commit(decision)
             free_blocks -= blocks
-            chosen.append((_Slot(request, target, blocks), decision.epoch))
-            new_tokens += target
+            slot = _Slot(request, target, blocks, table)
+            slot.prefilled = cached
+            chosen.append((slot, decision.epoch))
+            new_tokens += target - cached
         return chosen
 
     def _plan(
@@ -499,7 +595,10 @@ class BatchingEngine(EngineBase):
             decoding_count=decoding,
             abandoned=False,
             batch_size=len(slots),
-            kv_blocks_in_use=sum(slot.blocks for slot in slots),
+            kv_blocks_in_use=(
+                sum(slot.blocks for slot in slots) if self._pool is None else self._pool.used_blocks
+            ),
+            kv_blocks_cached=0 if self._pool is None else self._pool.cached_blocks,
         )
         return participants, record
 

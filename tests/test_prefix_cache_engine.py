@@ -1,0 +1,167 @@
+"""The batching server with a prefix cache (issue 15, step 2): sharing, pricing, equivalence."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simsim import (
+    BatchingEngine,
+    KvCacheConfig,
+    Request,
+    SimulatedBackend,
+    SimulatedBackendConfig,
+)
+
+COSTS = SimulatedBackendConfig(prefill_base_us=100, prefill_per_token_us=10, decode_base_us=50)
+
+
+def engine(blocks: int = 20, slots: int = 2) -> BatchingEngine:
+    return BatchingEngine(
+        SimulatedBackend(COSTS),
+        max_active_requests=slots,
+        kv_cache=KvCacheConfig(block_size_tokens=4, total_blocks=blocks),
+        prefix_cache=True,
+    )
+
+
+def chain(*parts: str) -> tuple[str, ...]:
+    return tuple("/".join(parts[: i + 1]) for i in range(len(parts)))
+
+
+def test_a_cached_prefix_is_not_prefilled_again() -> None:
+    server = engine()
+    server.submit(Request(0, 0, 12, 2, block_hashes=chain("s", "t", "a")))
+    server.submit(Request(1, 1_000, 12, 2, block_hashes=chain("s", "t", "b")))
+    server.run()
+    first, second = server.requests[0], server.requests[1]
+    assert first.cached_prompt_token_count == 0
+    assert first.first_token_time_us == 100 + 10 * 12 + 50
+    # Request 1 shares two blocks (8 tokens): it prefills 4.
+    assert second.cached_prompt_token_count == 8
+    assert second.first_token_time_us - 1_000 == 100 + 10 * 4 + 50
+    assert server.kv_blocks_cached == 4  # s, s/t, s/t/a, s/t/b; nobody holds them
+
+
+def test_a_whole_cached_prompt_still_computes_its_last_block() -> None:
+    server = engine()
+    server.submit(Request(0, 0, 8, 1, block_hashes=chain("p", "q")))
+    server.submit(Request(1, 1_000, 8, 1, block_hashes=chain("p", "q")))
+    server.run()
+    # Every prompt token is cached, but one must be computed: the last block is recomputed.
+    assert server.requests[1].cached_prompt_token_count == 4
+
+
+def test_the_frames_and_the_engine_say_what_was_cached() -> None:
+    server = engine()
+    server.submit(Request(0, 0, 8, 1, block_hashes=chain("p", "q")))
+    server.submit(Request(1, 1_000, 8, 1, block_hashes=chain("p", "r")))
+    server.run()
+    assert server.prefix_cache and server.kv_blocks_in_use == 0
+    frame = server.requests_frame()
+    assert frame.columns[-1] == "cached_prompt_tokens"  # appended, with a cache only
+    assert frame["cached_prompt_tokens"].tolist() == [0, 4]
+    iterations = server.iterations_frame()
+    # Request 0's blocks (p, p/q) are cached once it leaves; request 1 takes p back and
+    # leaves p/q cached through both of its iterations.
+    assert iterations["kv_blocks_cached"].tolist() == [0, 0, 1, 1]
+    plain = BatchingEngine(SimulatedBackend(COSTS), max_active_requests=1)
+    plain.submit(Request(0, 0, 8, 1))
+    plain.run()
+    assert "cached_prompt_tokens" not in plain.requests_frame().columns
+    assert "kv_blocks_cached" not in plain.iterations_frame().columns
+
+
+def test_the_switch_needs_a_kv_cache_and_a_bool() -> None:
+    with pytest.raises(ValueError, match="prefix_cache=True needs a kv_cache"):
+        BatchingEngine(SimulatedBackend(COSTS), max_active_requests=1, prefix_cache=True)
+    with pytest.raises(TypeError, match="prefix_cache must be True or False"):
+        BatchingEngine(
+            SimulatedBackend(COSTS),
+            max_active_requests=1,
+            kv_cache=KvCacheConfig(4, 4),
+            prefix_cache=1,  # type: ignore[arg-type]
+        )
+
+
+def test_more_hashes_than_full_blocks_are_refused_at_submit() -> None:
+    server = engine()
+    with pytest.raises(
+        ValueError, match="has 3 block_hashes, but its 10 prompt tokens fill only 2"
+    ):
+        server.submit(Request(0, 0, 10, 1, block_hashes=("a", "b", "c")))
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[tuple[int, int, int, tuple[str, ...]]]:
+    count = draw(st.integers(1, 10))
+    rows = []
+    for _ in range(count):
+        prompt = draw(st.integers(0, 24))
+        parts = draw(st.lists(st.sampled_from("xyz"), max_size=prompt // 4))
+        rows.append((draw(st.integers(0, 3_000)), prompt, draw(st.integers(0, 12)), chain(*parts)))
+    return rows
+
+
+def _run(
+    rows: list[tuple[int, int, int, tuple[str, ...]]],
+    *,
+    prefix_cache: bool,
+    hashes: bool,
+    blocks: int,
+    policy: str,
+) -> BatchingEngine:
+    server = BatchingEngine(
+        SimulatedBackend(COSTS),
+        max_active_requests=3,
+        max_batch_tokens=16 if policy == "mixed" else None,
+        policy=policy,
+        kv_cache=KvCacheConfig(block_size_tokens=4, total_blocks=blocks),
+        prefix_cache=prefix_cache,
+    )
+    for rid, (arrival, prompt, output, keys) in enumerate(rows):
+        server.submit(Request(rid, arrival, prompt, output, block_hashes=keys if hashes else None))
+    server.run()
+    return server
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=workloads(), blocks=st.integers(10, 30), policy=st.sampled_from(["prefill_first", "mixed"])
+)
+def test_without_hashes_the_cache_changes_nothing(
+    rows: list[tuple[int, int, int, tuple[str, ...]]], blocks: int, policy: str
+) -> None:
+    """No request names its blocks: the same run as without a prefix cache, preemptions
+    and all (a cache that can never hit is no cache)."""
+    plain = _run(rows, prefix_cache=False, hashes=False, blocks=blocks, policy=policy)
+    cached = _run(rows, prefix_cache=True, hashes=False, blocks=blocks, policy=policy)
+    with_column = cached.requests_frame()
+    assert (with_column.pop("cached_prompt_tokens") == 0).all()
+    assert plain.requests_frame().equals(with_column)
+    assert plain.events_frame().equals(cached.events_frame())
+    iterations = cached.iterations_frame()
+    assert (iterations.pop("kv_blocks_cached") == 0).all()
+    assert plain.iterations_frame().equals(iterations)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=workloads(), blocks=st.integers(10, 30), policy=st.sampled_from(["prefill_first", "mixed"])
+)
+def test_with_hashes_every_request_finishes_and_hits_stay_inside_the_prompt(
+    rows: list[tuple[int, int, int, tuple[str, ...]]], blocks: int, policy: str
+) -> None:
+    server = _run(rows, prefix_cache=True, hashes=True, blocks=blocks, policy=policy)
+    frame = server.requests_frame()
+    assert (frame["state"] == "FINISHED").all()
+    for request in server.requests.values():
+        cached = request.cached_prompt_token_count
+        assert cached % 4 == 0
+        assert 0 <= cached <= max(0, request.prompt_token_count - 1)
+        assert cached // 4 <= len(request.block_hashes or ())
+    assert server.kv_blocks_in_use == 0
+    assert server.kv_blocks_cached <= blocks
+    iterations = server.iterations_frame()
+    assert (iterations["kv_blocks_in_use"] <= blocks).all()
