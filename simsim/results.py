@@ -187,6 +187,11 @@ def summarize(
     batching engine counts as holding its slot from its first admission to its finish,
     also while it waited to be readmitted, so with preemptions ``utilization`` is an
     upper bound and ``mean_queue_length`` a lower bound.
+
+    **Prefix cache** (a frame with ``cached_prompt_tokens``, from a batching server with
+    a prefix cache) adds ``prefix_cache_hit_rate_tokens`` (prompt tokens served from the
+    cache over all prompt tokens) and ``prefix_cache_hit_rate_requests`` (the fraction
+    of requests that were served any), over the window's requests.
     """
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
@@ -229,6 +234,16 @@ def summarize(
         metrics["goodput_requests_per_s"] = float(good.sum()) / seconds
     if slot_count is not None:
         metrics.update(_occupancy(requests, start_us, end_us, slot_count))
+    if "cached_prompt_tokens" in selected.columns:
+        cached = selected["cached_prompt_tokens"].astype("float64")
+        prompts = float(selected["prompt_token_count"].sum())
+        metrics["prefix_cache_hit_rate_tokens"] = (
+            float(cached.sum()) / prompts if prompts else math.nan
+        )
+        total = len(selected)
+        metrics["prefix_cache_hit_rate_requests"] = (
+            float((cached > 0).sum()) / total if total else math.nan
+        )
     frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
     frame.index.name = "metric"
     return frame

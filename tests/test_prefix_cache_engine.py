@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import simsim
 from simsim import (
     BatchingEngine,
     KvCacheConfig,
@@ -165,3 +166,76 @@ def test_with_hashes_every_request_finishes_and_hits_stay_inside_the_prompt(
     assert server.kv_blocks_cached <= blocks
     iterations = server.iterations_frame()
     assert (iterations["kv_blocks_in_use"] <= blocks).all()
+
+
+# ---------------------------------------------------------------------- an independent model
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Requests one after another (each arrives after the previous one has surely
+    finished): (prompt tokens, output tokens, block hashes) drawn from a few
+    conversations whose prompts grow turn by turn."""
+    count = draw(st.integers(1, 12))
+    rows = []
+    for _ in range(count):
+        conversation = draw(st.sampled_from("ABC"))
+        turns = draw(st.integers(1, 5))
+        parts = [f"{conversation}{i}" for i in range(turns)]
+        prompt = 4 * turns + draw(st.integers(0, 3))
+        rows.append((prompt, draw(st.integers(0, 5)), chain(*parts)))
+    return rows
+
+
+def model_hits(rows: list[tuple[int, int, tuple[str, ...]]]) -> list[int]:
+    """Cached prompt tokens with a cache too large to evict: every full prompt block an
+    earlier request published is still there; at least one token is computed."""
+    published: set[str] = set()
+    hits = []
+    for prompt, _, keys in rows:
+        limit = (prompt - 1) // 4 if prompt else 0
+        matched = 0
+        while matched < min(limit, len(keys)) and keys[matched] in published:
+            matched += 1
+        hits.append(4 * matched)
+        # The chain stops being named where another copy of the block was published:
+        # with requests one after another, that never happens, so all are published.
+        published.update(keys)
+    return hits
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=sessions())
+def test_hits_agree_with_an_independent_model_of_sequential_sessions(
+    rows: list[tuple[int, int, tuple[str, ...]]],
+) -> None:
+    server = engine(blocks=200, slots=2)
+    for rid, (prompt, output, keys) in enumerate(rows):
+        server.submit(Request(rid, 10_000 * rid, prompt, output, block_hashes=keys))
+    server.run()
+    hits = [server.requests[rid].cached_prompt_token_count for rid in range(len(rows))]
+    assert hits == model_hits(rows)
+    summary = simsim.summarize(server.requests_frame())["value"]
+    prompts = sum(prompt for prompt, _, _ in rows)
+    expected = sum(hits) / prompts if prompts else None
+    if expected is not None:
+        assert summary["prefix_cache_hit_rate_tokens"] == pytest.approx(expected)
+    assert summary["prefix_cache_hit_rate_requests"] == pytest.approx(
+        sum(hit > 0 for hit in hits) / len(rows)
+    )
+
+
+def test_ttft_falls_with_the_cached_fraction_as_the_cost_model_says() -> None:
+    """The documented sanity result: a request whose prompt is cached up to k blocks
+    prefills only the rest, so its TTFT falls linearly in k (10 us per token here)."""
+    ttfts = []
+    for shared in range(5):
+        server = engine(blocks=50, slots=1)
+        warm = tuple(f"w{i}" for i in range(shared))
+        server.submit(Request(0, 0, 4 * shared, 0, block_hashes=chain(*warm)))
+        keys = chain(*warm, *(f"n{i}" for i in range(5 - shared)))
+        server.submit(Request(1, 10_000, 21, 1, block_hashes=keys))
+        server.run()
+        request = server.requests[1]
+        ttfts.append(request.first_token_time_us - request.arrival_time_us)
+    assert ttfts == [100 + 10 * (21 - 4 * k) + 50 for k in range(5)]
