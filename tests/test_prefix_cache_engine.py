@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +17,7 @@ from simsim import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
+from simsim.scenario import ScenarioError, load_scenario, run_scenario
 
 COSTS = SimulatedBackendConfig(prefill_base_us=100, prefill_per_token_us=10, decode_base_us=50)
 
@@ -239,3 +243,81 @@ def test_ttft_falls_with_the_cached_fraction_as_the_cost_model_says() -> None:
         request = server.requests[1]
         ttfts.append(request.first_token_time_us - request.arrival_time_us)
     assert ttfts == [100 + 10 * (21 - 4 * k) + 50 for k in range(5)]
+
+
+# ---------------------------------------------------------------------- scenario files
+
+SCENARIO = """
+[scenario]
+engine = "batching"
+
+[backend]
+prefill_base_us = 100
+prefill_per_token_us = 10
+decode_base_us = 50
+
+[batching]
+max_active_requests = 2
+
+[kv_cache]
+block_size_tokens = 4
+total_blocks = 20
+
+[prefix_cache]
+enabled = true
+
+[[requests]]
+request_id = 0
+arrival_time_us = 0
+prompt_token_count = 12
+max_output_tokens = 2
+block_hashes = [1, 2, 3]
+
+[[requests]]
+request_id = 1
+arrival_time_us = 1_000
+prompt_token_count = 12
+max_output_tokens = 2
+block_hashes = [1, 2, 4]
+"""
+
+
+def test_a_scenario_file_turns_the_cache_on_and_names_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "cached.toml"
+    path.write_text(SCENARIO, encoding="utf-8")
+    scenario = load_scenario(path)
+    assert scenario.batching is not None and scenario.batching.prefix_cache
+    server = run_scenario(scenario)
+    assert server.requests_frame()["cached_prompt_tokens"].tolist() == [0, 8]
+    # The cache off: the same file without [prefix_cache] has no hits and no column.
+    path.write_text(SCENARIO.replace("[prefix_cache]\nenabled = true\n", ""), encoding="utf-8")
+    assert "cached_prompt_tokens" not in run_scenario(load_scenario(path)).requests_frame()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("[kv_cache]\nblock_size_tokens = 4\ntotal_blocks = 20\n", ""),
+            "prefix_cache: needs [kv_cache]",
+        ),
+        (("enabled = true", "enabled = 1"), "prefix_cache.enabled: must be true or false"),
+        (("enabled = true", "size = 3"), "prefix_cache.size: unknown key"),
+        (
+            ("block_hashes = [1, 2, 3]", "block_hashes = 3"),
+            "requests[0].block_hashes: must be an array",
+        ),
+        (('engine = "batching"', 'engine = "single_slot"'), 'only for engine = "batching"'),
+    ],
+)
+def test_bad_prefix_cache_tables_are_named(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    text = SCENARIO.replace(*edit)
+    if "single_slot" in edit[1]:
+        text = text.replace("[batching]\nmax_active_requests = 2\n", "")
+        text = text.replace("[kv_cache]\nblock_size_tokens = 4\ntotal_blocks = 20\n", "")
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        load_scenario(path)

@@ -132,6 +132,29 @@ class TomlChecker:
             raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
         return value
 
+    def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+        value = self._get(table, key, where, default)
+        if type(value) is not bool:
+            raise self.fail(
+                _join(where, key), f"must be true or false, got {_kind(value)} {value!r}"
+            )
+        return value
+
+    def hashes(
+        self, table: Mapping[str, Any], key: str, where: str
+    ) -> tuple[int | str, ...] | None:
+        """An optional array of integers or strings (a request's block hashes)."""
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, list) or not all(type(item) in (int, str) for item in value):
+            raise self.fail(
+                _join(where, key),
+                f"must be an array of integers or strings (one hash per full KV block of "
+                f"the prompt), got {_kind(value)} {value!r}",
+            )
+        return tuple(value)
+
     def time(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
         value = self._get(table, key, where, _REQUIRED if default is None else default)
         if type(value) is not int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 
 from simsim.backend import (
@@ -44,21 +44,27 @@ class RequestSpec:
     arrival_time_us: int
     prompt_token_count: int
     max_output_tokens: int
+    block_hashes: tuple[Hashable, ...] | None = None
 
     @classmethod
     def of(cls, request: Request) -> RequestSpec:
-        """The spec of an existing request (its size and arrival)."""
+        """The spec of an existing request (its size, arrival and block hashes)."""
         return cls(
             request.request_id,
             request.arrival_time_us,
             request.prompt_token_count,
             request.max_output_tokens,
+            request.block_hashes,
         )
 
     def to_request(self) -> Request:
         """A fresh pristine :class:`Request` with these fields."""
         return Request(
-            self.request_id, self.arrival_time_us, self.prompt_token_count, self.max_output_tokens
+            self.request_id,
+            self.arrival_time_us,
+            self.prompt_token_count,
+            self.max_output_tokens,
+            block_hashes=self.block_hashes,
         )
 
 
@@ -75,12 +81,14 @@ Workload = OpenLoopWorkload | ClosedLoopWorkload
 
 @dataclass(frozen=True, slots=True)
 class BatchingSpec:
-    """The ``[batching]`` and ``[kv_cache]`` tables: how the batching server is set up."""
+    """The ``[batching]``, ``[kv_cache]`` and ``[prefix_cache]`` tables: how the batching
+    server is set up."""
 
     max_active_requests: int
     max_batch_tokens: int | None = None
     policy: str = "prefill_first"
     kv_cache: KvCacheConfig | None = None
+    prefix_cache: bool = False
 
     def build(self, backend: Backend, scheduler: Scheduler, env: Environment) -> BatchingEngine:
         """A :class:`BatchingEngine` with these settings."""
@@ -91,6 +99,7 @@ class BatchingSpec:
             max_batch_tokens=self.max_batch_tokens,
             policy=self.policy,
             kv_cache=self.kv_cache,
+            prefix_cache=self.prefix_cache,
             env=env,
         )
 

@@ -44,7 +44,9 @@ _TOP_KEYS = (
     "trace",
     "workload",
     "cancellations",
+    "prefix_cache",
 )
+_PREFIX_CACHE_KEYS = ("enabled",)
 _BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
 _KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
 _SCENARIO_KEYS = ("name", "engine", "seed")
@@ -53,7 +55,13 @@ _FITTED_BACKEND_KEYS = tuple(FittedBackendConfig.__dataclass_fields__)
 BACKEND_KINDS = ("simulated", "fitted")
 """``[backend] kind``: the linear model in whole microseconds (default) or the fitted one."""
 _SCHEDULER_KEYS = ("policy",)
-_REQUEST_KEYS = ("request_id", "arrival_time_us", "prompt_token_count", "max_output_tokens")
+_REQUEST_KEYS = (
+    "request_id",
+    "arrival_time_us",
+    "prompt_token_count",
+    "max_output_tokens",
+    "block_hashes",
+)
 _CANCELLATION_KEYS = ("time_us", "request_id")
 
 
@@ -139,6 +147,7 @@ def parse_scenario(
                 check.time(row, "arrival_time_us", where),
                 check.integer(row, "prompt_token_count", where),
                 check.integer(row, "max_output_tokens", where),
+                block_hashes=check.hashes(row, "block_hashes", where),
             )
         )
 
@@ -257,7 +266,7 @@ def _parse_batching(
     check: TomlChecker, data: Mapping[str, Any], engine: str
 ) -> BatchingSpec | None:
     if engine != "batching":
-        for name in ("batching", "kv_cache"):
+        for name in ("batching", "kv_cache", "prefix_cache"):
             if name in data:
                 raise check.fail(name, 'only for engine = "batching" (see [scenario] engine)')
         return None
@@ -274,11 +283,21 @@ def _parse_batching(
             check.integer(kv_table, "block_size_tokens", "kv_cache"),
             check.integer(kv_table, "total_blocks", "kv_cache"),
         )
+    prefix_cache = False
+    if "prefix_cache" in data:
+        prefix_table = check.table(data, "prefix_cache", "prefix_cache")
+        check.keys(prefix_table, _PREFIX_CACHE_KEYS, "prefix_cache")
+        prefix_cache = check.boolean(prefix_table, "enabled", "prefix_cache", default=True)
+        if prefix_cache and kv_cache is None:
+            raise check.fail(
+                "prefix_cache", "needs [kv_cache]: the cache shares and keeps its KV blocks"
+            )
     spec = BatchingSpec(
         max_active_requests=check.integer(table, "max_active_requests", "batching"),
         max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching"),
         policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
         kv_cache=kv_cache,
+        prefix_cache=prefix_cache,
     )
     # Let the engine's own checks speak (token cap vs slots, mixed needs a budget...).
     make(
