@@ -36,6 +36,7 @@ import datetime
 import difflib
 import functools
 import io
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -52,8 +53,10 @@ from simsim.request import Request
 
 __all__ = [
     "AZURE_COLUMNS",
+    "MOONCAKE_BLOCK_SIZE",
     "PLAIN_COLUMNS",
     "SAMPLE_AZURE_TRACE",
+    "SAMPLE_MOONCAKE_TRACE",
     "TraceError",
     "TraceOverflowError",
     "TracePath",
@@ -61,6 +64,7 @@ __all__ = [
     "parse_timestamp",
     "parse_weight",
     "read_azure_trace",
+    "read_mooncake_trace",
     "read_plain_trace",
     "read_table",
 ]
@@ -80,6 +84,17 @@ SAMPLE_AZURE_TRACE: Final[Traversable] = (
 
 TracePath = str | PathLike[str] | Traversable
 """Where a trace can be read from: a path or an ``importlib.resources`` resource."""
+
+
+SAMPLE_MOONCAKE_TRACE: Final[Traversable] = (
+    files("simsim").joinpath("data").joinpath("sample_mooncake_trace.jsonl")
+)
+"""A small synthetic trace in the Mooncake format shipped with simsim (made by
+``benchmarks/make_sample_trace.py``, not real data): conversations whose turns share
+their prefixes, and a few shared system prompts."""
+
+MOONCAKE_BLOCK_SIZE: Final = 512
+"""Tokens per ``hash_ids`` entry in the Mooncake traces."""
 
 
 class TraceError(ValueError):
@@ -556,3 +571,100 @@ def read_plain_trace(
     times = _replay_times_us(arrivals, Fraction(1), window_start, window_end, scale)
     window = _describe_window(window_start_us, window_duration_us, "us")
     return _requests(source, times, order, lines, prompts, outputs, ids, first_request_id, window)
+
+
+def read_mooncake_trace(
+    path: TracePath,
+    *,
+    block_size_tokens: int = MOONCAKE_BLOCK_SIZE,
+    time_scale: float | int | Decimal | Fraction = 1.0,
+    first_request_id: int = 0,
+) -> list[Request]:
+    """Read a Mooncake trace (JSON lines) into pristine requests with block hashes.
+
+    Each line is an object with ``timestamp`` (milliseconds, an integer or a decimal
+    number, read exactly), ``input_length`` (the prompt), ``output_length`` (the output
+    limit) and ``hash_ids`` (one id per *block_size_tokens* tokens of the prompt, chained
+    as in the public traces: equal ids at position *i* mean equal prompts up to that
+    block); other keys are ignored, blank lines skipped. A request's ``block_hashes``
+    are the ids of its prompt's *full* blocks (``input_length // block_size_tokens`` of
+    them; a partial last block is never shared). Each request arrives at ``timestamp *
+    1000 / time_scale`` microseconds, rounded once to the nearest, ties to even; rows are
+    sorted stably by time and numbered from *first_request_id* in that order. Raises
+    :class:`TraceError` naming the file, the line and the key.
+    """
+    block = check_count(block_size_tokens, "block_size_tokens", minimum=1)
+    scale = _exact(time_scale, "time_scale", positive=True)
+    first_request_id = check_count(first_request_id, "first_request_id")
+    source, stream = _open(path)
+    offsets: list[Fraction] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    hashes: list[tuple[int, ...]] = []
+    lines: list[int] = []
+    with stream:
+        for line, text in enumerate(stream, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text, parse_float=Decimal)
+            except ValueError as error:
+                raise TraceError(source, f"not a JSON object ({error})", line=line) from None
+            if not isinstance(row, dict):
+                raise TraceError(source, "each line must be a JSON object", line=line)
+            missing = [
+                k
+                for k in ("timestamp", "input_length", "output_length", "hash_ids")
+                if k not in row
+            ]
+            if missing:
+                raise TraceError(source, f"missing keys {missing}", line=line)
+            stamp = row["timestamp"]
+            if isinstance(stamp, bool) or not isinstance(stamp, int | Decimal) or stamp < 0:
+                raise TraceError(
+                    source,
+                    f"must be a number of milliseconds >= 0, got {stamp!r}",
+                    line=line,
+                    column="timestamp",
+                )
+            counts = []
+            for key in ("input_length", "output_length"):
+                value = row[key]
+                if type(value) is not int or value < 0:
+                    raise TraceError(
+                        source, f"must be an integer >= 0, got {value!r}", line=line, column=key
+                    )
+                counts.append(value)
+            ids = row["hash_ids"]
+            if not isinstance(ids, list) or not all(type(item) is int for item in ids):
+                raise TraceError(
+                    source, f"must be a list of integers, got {ids!r}", line=line, column="hash_ids"
+                )
+            offsets.append(Fraction(stamp))
+            prompts.append(counts[0])
+            outputs.append(counts[1])
+            hashes.append(tuple(ids[: counts[0] // block]))
+            lines.append(line)
+    if not offsets:
+        raise TraceError(source, "the trace holds no request")
+    order = sorted(range(len(offsets)), key=offsets.__getitem__)
+    requests: list[Request] = []
+    for index in order:
+        exact = offsets[index] * 1000 / scale
+        arrival = _round_half_even(exact.numerator, exact.denominator)
+        if arrival > MAX_TIME_US:
+            raise TraceOverflowError(
+                source,
+                f"the scaled arrival time {arrival} us is past the 64-bit limit 2**63 - 1",
+                argument="time_scale",
+                line=lines[index],
+            )
+        request_id = first_request_id + len(requests)
+        if request_id > MAX_TIME_US:
+            raise TraceOverflowError(
+                source, f"request id {request_id} is past 2**63 - 1", argument="first_request_id"
+            )
+        requests.append(
+            Request(request_id, arrival, prompts[index], outputs[index], block_hashes=hashes[index])
+        )
+    return requests

@@ -30,6 +30,7 @@ from simsim.scenario.model import (
 from simsim.scenario.trace_table import parse_trace
 from simsim.scenario.workload_table import parse_workload
 from simsim.scheduler import FcfsScheduler
+from simsim.traces import MOONCAKE_BLOCK_SIZE
 from simsim.workloads import ClosedLoopWorkload
 
 __all__ = ["load_backend", "load_scenario", "parse_scenario"]
@@ -164,6 +165,7 @@ def parse_scenario(
         )
 
     batching = _parse_batching(check, data, engine)
+    _check_trace_blocks(check, data, batching)
     if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
         raise check.fail(
             "backend.kind",
@@ -260,6 +262,25 @@ def _parse_backend(
         if value < 0:
             raise check.fail(f"backend.{key}", f"must be >= 0 microseconds, got {value!r}")
     return FittedBackendConfig(**values)
+
+
+def _check_trace_blocks(
+    check: TomlChecker, data: Mapping[str, Any], batching: BatchingSpec | None
+) -> None:
+    """A Mooncake trace's hashes name blocks of its own size: the KV cache's must match."""
+    trace = data.get("trace")
+    if not isinstance(trace, dict) or trace.get("format") != "mooncake":
+        return
+    if batching is None or not batching.prefix_cache or batching.kv_cache is None:
+        return
+    size = trace.get("block_size_tokens", MOONCAKE_BLOCK_SIZE)
+    if size != batching.kv_cache.block_size_tokens:
+        raise check.fail(
+            "trace.block_size_tokens",
+            f"the trace's hash_ids name blocks of {size} tokens, but [kv_cache] "
+            f"block_size_tokens is {batching.kv_cache.block_size_tokens}: set them equal "
+            "(the public Mooncake traces use 512)",
+        )
 
 
 def _parse_batching(

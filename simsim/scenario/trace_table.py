@@ -1,4 +1,4 @@
-"""The ``[trace]`` table: requests replayed from a CSV trace file."""
+"""The ``[trace]`` table: requests replayed from a trace file (CSV, or Mooncake JSON lines)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from typing import Any
 
 from simsim.scenario.checker import TomlChecker, from_trace_error
 from simsim.scenario.model import RequestSpec
-from simsim.traces import TraceError, TraceOverflowError, read_azure_trace, read_plain_trace
+from simsim.traces import (
+    MOONCAKE_BLOCK_SIZE,
+    TraceError,
+    TraceOverflowError,
+    read_azure_trace,
+    read_mooncake_trace,
+    read_plain_trace,
+)
 
 __all__ = ["parse_trace", "read_trace_csv"]
 
@@ -21,6 +28,7 @@ _TRACE_KEYS = (
     "window_start_s",
     "window_duration_s",
     "first_request_id",
+    "block_size_tokens",
 )
 
 
@@ -36,18 +44,20 @@ def parse_trace(
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         where = " (a relative path is read from the scenario file's folder)"
         raise check.fail("trace.path", f"{path} {what}{where if base_dir else ''}")
-    fmt = check.choice(table, "format", "trace", ("plain", "azure"), default="plain")
+    fmt = check.choice(table, "format", "trace", ("plain", "azure", "mooncake"), default="plain")
     time_scale = check.number(table, "time_scale", "trace", default=1.0)
     first = check.integer(table, "first_request_id", "trace", default=0)
     window_keys = {
         "plain": ("window_start_us", "window_duration_us"),
         "azure": ("window_start_s", "window_duration_s"),
+        "mooncake": (),
     }[fmt]
+    if "block_size_tokens" in table and fmt != "mooncake":
+        raise check.fail("trace.block_size_tokens", 'only for format "mooncake"')
     for key in _TRACE_KEYS:
         if key.startswith("window_") and key in table and key not in window_keys:
-            raise check.fail(
-                f"trace.{key}", f"not for format {fmt!r}; use {' and '.join(window_keys)}"
-            )
+            instead = f"use {' and '.join(window_keys)}" if window_keys else "it has no window"
+            raise check.fail(f"trace.{key}", f"not for format {fmt!r}; {instead}")
     try:
         if fmt == "plain":
             requests = read_plain_trace(
@@ -55,6 +65,15 @@ def parse_trace(
                 time_scale=time_scale,
                 window_start_us=check.optional_time(table, "window_start_us", "trace"),
                 window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
+                first_request_id=first,
+            )
+        elif fmt == "mooncake":
+            requests = read_mooncake_trace(
+                path,
+                block_size_tokens=check.integer(
+                    table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE
+                ),
+                time_scale=time_scale,
                 first_request_id=first,
             )
         else:
