@@ -446,6 +446,16 @@ def _batching_lines(
             f"KV cache      {used / cache.total_blocks:.1%} of {cache.total_blocks} blocks "
             f"in use on average, {peak / cache.total_blocks:.1%} at the peak"
         )
+    if engine.prefix_cache:
+        requests = engine.requests_frame()
+        prompts = int(requests["prompt_token_count"].sum())
+        cached = int(requests["cached_prompt_tokens"].sum())
+        hit = int((requests["cached_prompt_tokens"] > 0).sum())
+        share = f"{cached / prompts:.1%}" if prompts else "-"
+        lines.append(
+            f"prefix cache  {share} of prompt tokens served from the cache; "
+            f"{hit} of {len(requests)} requests hit it"
+        )
     return lines
 
 

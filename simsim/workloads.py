@@ -54,6 +54,7 @@ __all__ = [
     "OpenLoopWorkload",
     "PatienceDeadline",
     "PoissonArrivals",
+    "SharedPrefixes",
     "Uniform",
     "WorkloadEngine",
     "check_seed",
@@ -576,6 +577,65 @@ class GeneratedWorkload:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedPrefixes:
+    """Shared system prompts: every request starts with one of a few common prefixes.
+
+    Group *k* is a prefix of ``lengths[k]`` tokens, chosen with probability
+    proportional to ``weights[k]`` (all equal by default). A request's prompt is its
+    group's prefix followed by its own drawn prompt tokens, and it names its full KV
+    blocks of ``block_size_tokens`` (use the KV cache's) with ``block_hashes``: the
+    prefix's full blocks ``("g<k>", i)`` (shared by the whole group), then blocks of its
+    own ``("r<request_id>", i)``. The block holding the end of the prefix and the start
+    of the request's own tokens is the request's own.
+    """
+
+    lengths: Sequence[int]
+    block_size_tokens: int
+    weights: Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        lengths = tuple(check_count(length, "shared prefix length") for length in self.lengths)
+        if not lengths:
+            raise ValueError("lengths must name at least one shared prefix")
+        _set(self, "lengths", lengths)
+        _set(
+            self,
+            "block_size_tokens",
+            check_count(self.block_size_tokens, "block_size_tokens", minimum=1),
+        )
+        if self.weights is not None:
+            weights = tuple(_real(w, "weight", positive=False) for w in self.weights)
+            if len(weights) != len(lengths) or not sum(weights) > 0:
+                raise ValueError(
+                    f"weights must give one non-negative weight per prefix ({len(lengths)}) "
+                    f"with a positive sum, got {list(self.weights)}"
+                )
+            _set(self, "weights", weights)
+
+    def apply(
+        self, rng: np.random.Generator, request_ids: Sequence[int], prompts: Sequence[int]
+    ) -> tuple[list[int], list[tuple[tuple[str, int], ...]]]:
+        """Each request's full prompt length and block hashes, its group drawn from *rng*."""
+        weights = None
+        if self.weights is not None:
+            total = sum(self.weights)
+            weights = [w / total for w in self.weights]
+        groups = rng.choice(len(self.lengths), size=len(prompts), p=weights).tolist()
+        block = self.block_size_tokens
+        full_prompts: list[int] = []
+        hashes: list[tuple[tuple[str, int], ...]] = []
+        for rid, own, group in zip(request_ids, prompts, groups, strict=True):
+            prefix = self.lengths[group]
+            total_tokens = prefix + own
+            shared = prefix // block
+            keys = [(f"g{group}", i) for i in range(shared)]
+            keys += [(f"r{rid}", i) for i in range(shared, total_tokens // block)]
+            full_prompts.append(total_tokens)
+            hashes.append(tuple(keys))
+        return full_prompts, hashes
+
+
+@dataclass(frozen=True, slots=True)
 class OpenLoopWorkload:
     """A fixed number of requests whose arrivals do not depend on the server.
 
@@ -586,7 +646,9 @@ class OpenLoopWorkload:
     ``arrival + patience``).
 
     :meth:`generate` draws arrivals, prompts, outputs and patience from four child
-    streams of ``SeedSequence(seed)``, in that order, so each is unaffected by the others.
+    streams of ``SeedSequence(seed)``, in that order, so each is unaffected by the others;
+    with ``shared_prefixes``, each request's prefix group comes from a fifth, and its
+    prompt is the group's prefix followed by the drawn prompt tokens.
     """
 
     arrivals: ArrivalProcess
@@ -597,8 +659,16 @@ class OpenLoopWorkload:
     """Microseconds a client waits before cancelling, or ``None`` for endless patience."""
     first_request_id: int = 0
     start_us: int = 0
+    shared_prefixes: SharedPrefixes | None = None
+    """Shared system prompts in front of every prompt (for a prefix cache), or ``None``."""
 
     def __post_init__(self) -> None:
+        if self.shared_prefixes is not None and not isinstance(
+            self.shared_prefixes, SharedPrefixes
+        ):
+            raise TypeError(
+                f"shared_prefixes must be SharedPrefixes or None, got {self.shared_prefixes!r}"
+            )
         if not isinstance(self.arrivals, ArrivalProcess):
             raise TypeError(
                 "arrivals must be an arrival process (an object with arrival_times_us), "
@@ -631,12 +701,26 @@ class OpenLoopWorkload:
         prompts = self.prompt_tokens.sample(np.random.default_rng(prompt_seq), count)
         outputs = self.output_tokens.sample(np.random.default_rng(output_seq), count)
         first = self.first_request_id
-        requests = tuple(
-            Request(first + i, arrival, prompt, output)
-            for i, (arrival, prompt, output) in enumerate(
-                zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True)
+        if self.shared_prefixes is None:
+            requests = tuple(
+                Request(first + i, arrival, prompt, output)
+                for i, (arrival, prompt, output) in enumerate(
+                    zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True)
+                )
             )
-        )
+        else:
+            # A fifth stream: the four above draw exactly what they draw without it.
+            group_seq = np.random.SeedSequence(seed).spawn(5)[4]
+            ids = [first + i for i in range(count)]
+            full, hashes = self.shared_prefixes.apply(
+                np.random.default_rng(group_seq), ids, prompts.tolist()
+            )
+            requests = tuple(
+                Request(rid, arrival, prompt, output, block_hashes=keys)
+                for rid, arrival, prompt, output, keys in zip(
+                    ids, arrivals.tolist(), full, outputs.tolist(), hashes, strict=True
+                )
+            )
         deadlines: list[PatienceDeadline] = []
         if self.patience is not None:
             patience = self.patience.sample(np.random.default_rng(patience_seq), count)

@@ -321,3 +321,79 @@ def test_bad_prefix_cache_tables_are_named(
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ScenarioError, match=re.escape(message)):
         load_scenario(path)
+
+
+# ---------------------------------------------------------------------- shared system prompts
+
+
+def test_shared_prefixes_put_a_group_prefix_in_front_of_every_prompt() -> None:
+    from simsim.workloads import Fixed, OpenLoopWorkload, PoissonArrivals, SharedPrefixes
+
+    base = OpenLoopWorkload(PoissonArrivals(5.0), Fixed(10), Fixed(3), count=50)
+    shared = OpenLoopWorkload(
+        PoissonArrivals(5.0),
+        Fixed(10),
+        Fixed(3),
+        count=50,
+        shared_prefixes=SharedPrefixes([9, 16], block_size_tokens=4, weights=[1, 0]),
+    )
+    plain, prefixed = base.generate(7).requests, shared.generate(7).requests
+    # The four draws are those of the workload without prefixes; only the prompt grows.
+    assert [r.arrival_time_us for r in plain] == [r.arrival_time_us for r in prefixed]
+    assert {r.prompt_token_count for r in prefixed} == {9 + 10}  # weight 0: group 1 never
+    first = prefixed[0]
+    # 19 tokens: blocks 0 and 1 are the prefix's (9 // 4 = 2), block 2 mixes: its own.
+    assert first.block_hashes == (("g0", 0), ("g0", 1), ("r0", 2), ("r0", 3))
+    assert shared.generate(7).requests[0].block_hashes == first.block_hashes
+    with pytest.raises(ValueError, match="one non-negative weight per prefix"):
+        SharedPrefixes([4, 8], block_size_tokens=4, weights=[1])
+    with pytest.raises(ValueError, match="at least one shared prefix"):
+        SharedPrefixes([], block_size_tokens=4)
+
+
+WORKLOAD = """
+[scenario]
+engine = "batching"
+[backend]
+prefill_base_us = 2000
+prefill_per_token_us = 20
+decode_base_us = 8000
+[batching]
+max_active_requests = 8
+[kv_cache]
+block_size_tokens = 16
+total_blocks = 2000
+[prefix_cache]
+enabled = true
+[workload]
+count = 60
+arrivals = { process = "poisson", rate_per_s = 5.0 }
+prompt_tokens = { distribution = "uniform", low = 16, high = 256 }
+output_tokens = [8, 64]
+shared_prefixes = { lengths = [1024, 512], weights = [3, 1] }
+"""
+
+
+def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simsim.cli import main
+
+    path = tmp_path / "w.toml"
+    path.write_text(WORKLOAD, encoding="utf-8")
+    frame = run_scenario(load_scenario(path)).requests_frame()
+    summary = simsim.summarize(frame)["value"]
+    assert summary["prefix_cache_hit_rate_requests"] > 0.9
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "prefix cache  " in capsys.readouterr().out
+    path.write_text(
+        WORKLOAD.replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "").replace(
+            "[prefix_cache]\nenabled = true\n", ""
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(ScenarioError, match=r"workload\.shared_prefixes: needs \[kv_cache\]"):
+        load_scenario(path)
+    path.write_text(WORKLOAD.replace("lengths = [1024, 512]", "lengths = []"), encoding="utf-8")
+    with pytest.raises(ScenarioError, match=r"shared_prefixes\.lengths: must be a non-empty"):
+        load_scenario(path)

@@ -157,7 +157,14 @@ def parse_scenario(
 
     workload = None
     if "workload" in data:
-        workload = parse_workload(check, check.table(data, "workload", "workload"), base_dir)
+        kv = data.get("kv_cache")
+        block = kv.get("block_size_tokens") if isinstance(kv, dict) else None
+        workload = parse_workload(
+            check,
+            check.table(data, "workload", "workload"),
+            base_dir,
+            block if type(block) is int and block > 0 else None,
+        )
 
     if require_requests and not specs and workload is None:
         raise ScenarioError(

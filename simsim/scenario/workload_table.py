@@ -22,6 +22,7 @@ from simsim.workloads import (
     LogNormal,
     OpenLoopWorkload,
     PoissonArrivals,
+    SharedPrefixes,
     Uniform,
 )
 
@@ -37,7 +38,9 @@ _OPEN_LOOP_KEYS = (
     "patience_us",
     "first_request_id",
     "start_time_us",
+    "shared_prefixes",
 )
+_SHARED_PREFIX_KEYS = ("lengths", "weights")
 _CLOSED_LOOP_KEYS = (
     "kind",
     "users",
@@ -71,8 +74,17 @@ the others); a larger count is refused before anything is allocated.
 """
 
 
-def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None) -> Workload:
-    """The workload of a ``[workload]`` table (open or closed loop)."""
+def parse_workload(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    block_size_tokens: int | None = None,
+) -> Workload:
+    """The workload of a ``[workload]`` table (open or closed loop).
+
+    *block_size_tokens* is the scenario's KV block size (``[kv_cache]``), which
+    ``shared_prefixes`` names its blocks in; without one, ``shared_prefixes`` is refused.
+    """
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
     try:
@@ -105,12 +117,39 @@ def parse_workload(check: TomlChecker, table: Mapping[str, Any], base_dir: Path 
             patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
             first_request_id=first,
             start_us=check.time(table, "start_time_us", where, default=0),
+            shared_prefixes=_parse_shared_prefixes(check, table, block_size_tokens),
         )
     except ScenarioError:
         raise
     except TraceError as error:
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
+        raise check.fail(where, str(error)) from None
+
+
+def _parse_shared_prefixes(
+    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+) -> SharedPrefixes | None:
+    if "shared_prefixes" not in table:
+        return None
+    where = "workload.shared_prefixes"
+    prefixes = check.table(table, "shared_prefixes", where)
+    check.keys(prefixes, _SHARED_PREFIX_KEYS, where)
+    if block_size_tokens is None:
+        raise check.fail(where, "needs [kv_cache]: requests share its blocks")
+    lengths = prefixes.get("lengths")
+    if not isinstance(lengths, list) or not lengths or not all(type(v) is int for v in lengths):
+        raise check.fail(
+            f"{where}.lengths", f"must be a non-empty array of integers, got {lengths!r}"
+        )
+    weights = prefixes.get("weights")
+    if weights is not None and (
+        not isinstance(weights, list) or not all(type(v) in (int, float) for v in weights)
+    ):
+        raise check.fail(f"{where}.weights", f"must be an array of numbers, got {weights!r}")
+    try:
+        return SharedPrefixes(lengths, block_size_tokens, weights)
+    except (TypeError, ValueError) as error:
         raise check.fail(where, str(error)) from None
 
 
