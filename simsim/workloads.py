@@ -809,6 +809,14 @@ class ClosedLoopWorkload:
     ``u`` draws from its own child stream of ``SeedSequence(seed)`` (one stream each for
     prompts, outputs, think times and patience), one value per request, so a user's
     n-th request has the same size and think time whatever the server does.
+
+    With ``conversation_block_size_tokens`` (the KV cache's block size), each user is one
+    multi-turn conversation: its n-th prompt is its previous prompt, plus the tokens the
+    server answered it with, plus the newly drawn prompt tokens (the new message), and it
+    names its full blocks ``("u<user>", i)`` as ``block_hashes``, so a prefix cache can
+    serve the conversation so far. Sizes then depend on what the server answered (a
+    cancelled turn's partial answer), which the deterministic simulation makes
+    deterministic too.
     """
 
     users: int
@@ -819,9 +827,21 @@ class ClosedLoopWorkload:
     horizon_us: int | None = None
     first_request_id: int = 0
     patience: LengthDistribution | None = None
+    conversation_block_size_tokens: int | None = None
+    """With a block size (the KV cache's), each user is one multi-turn conversation."""
 
     def __post_init__(self) -> None:
         _set(self, "users", check_count(self.users, "users", minimum=1))
+        if self.conversation_block_size_tokens is not None:
+            _set(
+                self,
+                "conversation_block_size_tokens",
+                check_count(
+                    self.conversation_block_size_tokens,
+                    "conversation_block_size_tokens",
+                    minimum=1,
+                ),
+            )
         _distribution(self.think_time_us, "think_time_us")
         _distribution(self.prompt_tokens, "prompt_tokens")
         _distribution(self.output_tokens, "output_tokens")
@@ -875,6 +895,8 @@ class ClosedLoopWorkload:
         )
         limit = self.requests_per_user
         horizon = self.horizon_us
+        block = self.conversation_block_size_tokens
+        context = 0  # a conversation's tokens so far: earlier prompts and answers
         index = 0
         while (limit is None or index < limit) and (horizon is None or env.now < horizon):
             request_id = next(ids)
@@ -884,7 +906,15 @@ class ClosedLoopWorkload:
             patience = (
                 None if self.patience is None else int(self.patience.sample(patience_rng, 1)[0])
             )
-            request = engine.submit(Request(request_id, env.now, prompt, output))
+            hashes = None
+            if block is not None:
+                # The whole conversation is resent with the new message; its full blocks
+                # never change once full, so (user, block index) names each one.
+                prompt += context
+                hashes = tuple((f"u{user}", i) for i in range(prompt // block))
+            request = engine.submit(
+                Request(request_id, env.now, prompt, output, block_hashes=hashes)
+            )
             log.append(ClosedLoopSubmission(request_id, user, index, env.now, think, patience))
             done = engine.completion(request_id)
             if patience is None:
@@ -893,5 +923,7 @@ class ClosedLoopWorkload:
                 yield env.any_of([done, env.timeout(patience)])
                 if not request.is_terminal:
                     engine.cancel_request(request_id)
+            if block is not None:
+                context = prompt + request.generated_token_count
             yield env.timeout(think)
             index += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -396,4 +397,52 @@ def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
         load_scenario(path)
     path.write_text(WORKLOAD.replace("lengths = [1024, 512]", "lengths = []"), encoding="utf-8")
     with pytest.raises(ScenarioError, match=r"shared_prefixes\.lengths: must be a non-empty"):
+        load_scenario(path)
+
+
+# ---------------------------------------------------------------------- conversations
+
+
+def test_each_turn_resends_the_conversation_and_hits_its_earlier_prompt(tmp_path: Path) -> None:
+    path = tmp_path / "conversation.toml"
+    path.write_text(
+        WORKLOAD.split("[workload]")[0]
+        + """[workload]
+kind = "closed_loop"
+users = 3
+requests_per_user = 4
+think_time_us = 1_000_000
+prompt_tokens = [20, 120]
+output_tokens = [20, 200]
+conversation = true
+""",
+        encoding="utf-8",
+    )
+    scenario = load_scenario(path)
+    engine = run_scenario(scenario)
+    requests = sorted(engine.requests.values(), key=lambda r: r.request_id)
+    by_user: dict[str, list[Request]] = {}
+    for request in requests:
+        assert request.block_hashes is not None
+        user = request.block_hashes[0][0] if request.block_hashes else None
+        assert user is not None
+        by_user.setdefault(user, []).append(request)
+    assert len(by_user) == 3 and all(len(turns) == 4 for turns in by_user.values())
+    for turns in by_user.values():
+        for before, after in itertools.pairwise(turns):
+            context = before.prompt_token_count + before.generated_token_count
+            new = after.prompt_token_count - context
+            assert 20 <= new <= 120  # the drawn new message
+            # Independent of the engine: the earlier prompt's full blocks are cached
+            # (answers are not named, so their blocks are not shared).
+            shared = min(before.prompt_token_count // 16, (after.prompt_token_count - 1) // 16)
+            assert after.cached_prompt_token_count == 16 * shared
+        assert turns[0].cached_prompt_token_count == 0
+    path.write_text(
+        path.read_text(encoding="utf-8")
+        .replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "")
+        .replace("[prefix_cache]\nenabled = true\n", ""),
+        encoding="utf-8",
+    )
+    with pytest.raises(ScenarioError, match=r"workload\.conversation: needs \[kv_cache\]"):
         load_scenario(path)

@@ -51,6 +51,7 @@ _CLOSED_LOOP_KEYS = (
     "requests_per_user",
     "horizon_us",
     "first_request_id",
+    "conversation",
 )
 _ARRIVAL_KEYS = {
     "poisson": ("process", "rate_per_s"),
@@ -104,6 +105,9 @@ def parse_workload(
                 horizon_us=check.optional_time(table, "horizon_us", where),
                 first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+                conversation_block_size_tokens=_conversation_blocks(
+                    check, table, block_size_tokens
+                ),
             )
         check.keys(table, _OPEN_LOOP_KEYS, where)
         count = _bounded_count(check, table, "count")
@@ -125,6 +129,17 @@ def parse_workload(
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail(where, str(error)) from None
+
+
+def _conversation_blocks(
+    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+) -> int | None:
+    """``conversation = true``: each user is a multi-turn conversation (needs [kv_cache])."""
+    if not check.boolean(table, "conversation", "workload", default=False):
+        return None
+    if block_size_tokens is None:
+        raise check.fail("workload.conversation", "needs [kv_cache]: turns share its blocks")
+    return block_size_tokens
 
 
 def _parse_shared_prefixes(
