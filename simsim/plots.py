@@ -289,7 +289,9 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
     """The batching server's iterations: batch size, KV blocks in use, tokens processed.
 
     The batch size and KV panels draw one step per iteration, from its start to its
-    (planned) end; abandoned iterations are marked. The token panel stacks prefill and
+    (planned) end; abandoned iterations are marked. With a prefix cache (a
+    ``kv_blocks_cached`` column), the KV panel stacks the cached blocks on the blocks in
+    use: the cache's occupancy. The token panel stacks prefill and
     decode tokens: per iteration for up to :data:`ITERATIONS_BIN_AFTER` iterations,
     beyond that as tokens per simulated second in :data:`ITERATION_WINDOWS` equal time
     windows (each completed iteration counted in the window of its end), so that
@@ -314,6 +316,29 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
         ax.set_ylabel(label)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
+    if "kv_blocks_cached" in frame.columns and len(frame):
+        # A prefix cache: blocks nobody holds that keep a cached prefix, stacked on top.
+        held = frame["kv_blocks_in_use"].to_numpy(dtype=np.int64)
+        cached = frame["kv_blocks_cached"].to_numpy(dtype=np.int64)
+        kv = axes[1]
+        kv.fill_between(
+            starts / scale,
+            held,
+            held + cached,
+            step="post",
+            color="#b2df8a",
+            alpha=0.7,
+            label="cached prefix blocks (evictable)",
+        )
+        kv.set_ylabel("KV blocks")
+        kv.legend(
+            handles=[
+                Patch(color="#6a3d9a", alpha=0.4, label="in use"),
+                Patch(color="#b2df8a", label="cached prefix blocks (evictable)"),
+            ],
+            loc="upper right",
+            fontsize="small",
+        )
     tokens = axes[2]
     if len(frame):
         prefill = frame["prefill_tokens"].to_numpy(dtype=np.int64)

@@ -446,3 +446,18 @@ conversation = true
     )
     with pytest.raises(ScenarioError, match=r"workload\.conversation: needs \[kv_cache\]"):
         load_scenario(path)
+
+
+def test_the_iterations_figure_stacks_the_cached_blocks(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from simsim import plots
+
+    server = engine()
+    server.submit(Request(0, 0, 8, 2, block_hashes=chain("p", "q")))
+    server.submit(Request(1, 1_000, 8, 2, block_hashes=chain("p", "r")))
+    server.run()
+    figure = plots.draw_iterations(server.iterations_frame())
+    labels = [text.get_text() for text in figure.axes[1].get_legend().get_texts()]
+    assert labels == ["in use", "cached prefix blocks (evictable)"]
+    assert figure.axes[1].get_ylabel() == "KV blocks"
+    plots.plt.close(figure)
