@@ -1,8 +1,14 @@
-"""The batching server's cost per generated token at batch sizes 1, 8 and 64.
+"""The batching server's cost per generated token at batch sizes 1, 8 and 64, and the
+prefix cache's cost on multi-turn conversations.
 
 One iteration is one SimPy event whatever the batch size, so the events (and the wall
 time) per generated token should fall roughly as 1 / batch size. The workload keeps
 the batch full: every request arrives at time 0, with outputs of 64 to 192 tokens.
+
+The second table runs one cached-sessions workload (closed-loop conversations that
+resend their history, 64 slots, a KV cache) with the prefix cache off and on, and
+reports events per second of wall time for each and their ratio, measured in the same
+process: what matching, sharing and evicting blocks cost the simulation.
 
 Run it:  python benchmarks/batching.py [--tokens N] [--quick]
 Wall times are measured on this machine in one process; the simulated times are from
@@ -76,6 +82,66 @@ def run(batch_size: int, tokens_target: int, seed: int = 0) -> Result:
     )
 
 
+@dataclass(frozen=True)
+class SessionResult:
+    """The cached-sessions workload, with the prefix cache on or off."""
+
+    prefix_cache: bool
+    requests: int
+    events: int
+    wall_s: float
+    hit_rate_tokens: float
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s
+
+
+def run_sessions(prefix_cache: bool, users: int, turns: int, seed: int = 0) -> SessionResult:
+    """*users* conversations of *turns* turns on 64 slots, the prefix cache on or off."""
+    engine = simsim.BatchingEngine(
+        simsim.SimulatedBackend(COSTS),
+        max_active_requests=64,
+        max_batch_tokens=4_096,
+        policy="mixed",
+        kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=50_000),
+        prefix_cache=prefix_cache,
+    )
+    workload = simsim.workloads.ClosedLoopWorkload(
+        users=users,
+        think_time_us=simsim.workloads.Exponential(mean=2_000_000),
+        prompt_tokens=simsim.workloads.Uniform(20, 200),
+        output_tokens=simsim.workloads.Uniform(20, 120),
+        requests_per_user=turns,
+        conversation_block_size_tokens=16,
+    )
+    started = time.perf_counter()
+    workload.start(engine.env, engine, seed)
+    engine.run()
+    wall_s = time.perf_counter() - started
+    frame = engine.requests_frame()
+    hit = 0.0
+    if prefix_cache:
+        hit = float(frame["cached_prompt_tokens"].sum() / frame["prompt_token_count"].sum())
+    return SessionResult(prefix_cache, len(frame), engine.processed_event_count, wall_s, hit)
+
+
+def session_table(results: list[SessionResult]) -> str:
+    """The cached-sessions runs as a Markdown table, with the on/off ratio."""
+    off = next(r for r in results if not r.prefix_cache)
+    lines = [
+        "| prefix cache | requests | events | wall s | events/s | ratio to off | hit rate |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {'on' if r.prefix_cache else 'off'} | {r.requests} | {r.events} "
+            f"| {r.wall_s:.3f} | {r.events_per_s:,.0f} | {r.events_per_s / off.events_per_s:.2f} "
+            f"| {r.hit_rate_tokens:.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
     """The results as a Markdown table."""
     lines = [
@@ -100,6 +166,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
     results = [run(size, tokens) for size in BATCH_SIZES]
     print("BatchingEngine, mixed policy, all requests at t=0 (wall time on this machine)")
     print(table(results))
+    users, turns = (20, 3) if args.quick else (400, 8)
+    sessions = [run_sessions(cache, users, turns) for cache in (False, True)]
+    print()
+    print(
+        f"Cached sessions: {users} conversations of {turns} turns, 64 slots, prefix cache "
+        "off and on (wall time on this machine, same process)"
+    )
+    print(session_table(sessions))
     return results
 
 

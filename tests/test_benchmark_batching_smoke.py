@@ -19,3 +19,7 @@ def test_batching_benchmark_quick_run(capsys: pytest.CaptureFixture[str]) -> Non
         assert r.events == r.requests + r.iterations  # arrivals + iteration ends
     out = capsys.readouterr().out
     assert "| batch size |" in out and "events/token" in out
+    # The cached-sessions table: both runs, and the cache on hits.
+    assert "| prefix cache |" in out and "| off |" in out and "| on |" in out
+    on = module.run_sessions(True, users=5, turns=3)
+    assert on.hit_rate_tokens > 0 and on.requests == 15
