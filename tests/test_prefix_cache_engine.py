@@ -461,3 +461,24 @@ def test_the_iterations_figure_stacks_the_cached_blocks(tmp_path: Path) -> None:
     assert labels == ["in use", "cached prefix blocks (evictable)"]
     assert figure.axes[1].get_ylabel() == "KV blocks"
     plots.plt.close(figure)
+
+
+def test_the_worked_timeline_of_the_docs() -> None:
+    """docs/batching.md, "Prefix caching": the three requests, iteration by iteration."""
+    server = BatchingEngine(
+        SimulatedBackend(COSTS),
+        max_active_requests=2,
+        kv_cache=KvCacheConfig(block_size_tokens=4, total_blocks=6),
+        prefix_cache=True,
+    )
+    server.submit(Request(0, 0, 12, 2, block_hashes=chain("s", "t", "a")))
+    server.submit(Request(1, 1_000, 12, 2, block_hashes=chain("s", "t", "b")))
+    server.submit(Request(2, 2_000, 13, 1, block_hashes=chain("x", "y", "z")))
+    server.run()
+    iterations = server.iterations_frame()
+    assert iterations["start_us"].tolist() == [0, 220, 270, 1000, 1140, 1190, 2000, 2230]
+    assert iterations["kv_blocks_cached"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert iterations["kv_blocks_in_use"].tolist() == [4] * 8
+    frame = server.requests_frame()
+    assert frame["cached_prompt_tokens"].tolist() == [0, 8, 0]
+    assert frame["ttft_us"].tolist() == [270, 190, 280]
