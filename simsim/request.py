@@ -103,8 +103,9 @@ class Request:
     """One inference request: its size, its lifecycle state and its timestamps.
 
     Create it with the first four fields (and, for a batching server with a prefix
-    cache, the keyword ``block_hashes``: one hash per full KV block of the prompt,
-    chained so that equal hashes at position *i* mean equal prompts up to that block);
+    cache, the keyword ``block_hashes``: one hash per full KV block of the prompt (and,
+    optionally, of the output), chained so that equal hashes at position *i* mean equal
+    tokens up to that block);
     the rest describe its progress and start pristine (``WAITING``, no tokens, no
     timestamps), which is what an engine's ``submit`` requires. All times are ``int``
     microseconds; a timestamp that has not happened is ``None``, never a sentinel

@@ -813,10 +813,10 @@ class ClosedLoopWorkload:
     With ``conversation_block_size_tokens`` (the KV cache's block size), each user is one
     multi-turn conversation: its n-th prompt is its previous prompt, plus the tokens the
     server answered it with, plus the newly drawn prompt tokens (the new message), and it
-    names its full blocks ``("u<user>", i)`` as ``block_hashes``, so a prefix cache can
-    serve the conversation so far. Sizes then depend on what the server answered (a
-    cancelled turn's partial answer), which the deterministic simulation makes
-    deterministic too.
+    names its full blocks, prompt and answer, ``("u<user>", i)`` as ``block_hashes``, so
+    a prefix cache can serve the conversation so far, answers included. Sizes then
+    depend on what the server answered (a cancelled turn's partial answer), which the
+    deterministic simulation makes deterministic too.
     """
 
     users: int
@@ -910,8 +910,9 @@ class ClosedLoopWorkload:
             if block is not None:
                 # The whole conversation is resent with the new message; its full blocks
                 # never change once full, so (user, block index) names each one.
+                # The answer's blocks are named too: the next turn resends the answer.
                 prompt += context
-                hashes = tuple((f"u{user}", i) for i in range(prompt // block))
+                hashes = tuple((f"u{user}", i) for i in range((prompt + output) // block))
             request = engine.submit(
                 Request(request_id, env.now, prompt, output, block_hashes=hashes)
             )

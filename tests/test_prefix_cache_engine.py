@@ -94,7 +94,7 @@ def test_the_switch_needs_a_kv_cache_and_a_bool() -> None:
 def test_more_hashes_than_full_blocks_are_refused_at_submit() -> None:
     server = engine()
     with pytest.raises(
-        ValueError, match="has 3 block_hashes, but its 10 prompt tokens fill only 2"
+        ValueError, match="has 3 block_hashes, but its 10 prompt and 1 output tokens fill at most 2"
     ):
         server.submit(Request(0, 0, 10, 1, block_hashes=("a", "b", "c")))
 
@@ -105,8 +105,10 @@ def workloads(draw: st.DrawFn) -> list[tuple[int, int, int, tuple[str, ...]]]:
     rows = []
     for _ in range(count):
         prompt = draw(st.integers(0, 24))
-        parts = draw(st.lists(st.sampled_from("xyz"), max_size=prompt // 4))
-        rows.append((draw(st.integers(0, 3_000)), prompt, draw(st.integers(0, 12)), chain(*parts)))
+        output = draw(st.integers(0, 12))
+        # Hashes may name the answer's blocks too (as a conversation's do).
+        parts = draw(st.lists(st.sampled_from("xyz"), max_size=(prompt + output) // 4))
+        rows.append((draw(st.integers(0, 3_000)), prompt, output, chain(*parts)))
     return rows
 
 
@@ -167,6 +169,7 @@ def test_with_hashes_every_request_finishes_and_hits_stay_inside_the_prompt(
         assert cached % 4 == 0
         assert 0 <= cached <= max(0, request.prompt_token_count - 1)
         assert cached // 4 <= len(request.block_hashes or ())
+        assert request.generated_token_count == request.max_output_tokens
     assert server.kv_blocks_in_use == 0
     assert server.kv_blocks_cached <= blocks
     iterations = server.iterations_frame()
@@ -403,7 +406,7 @@ def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
 # ---------------------------------------------------------------------- conversations
 
 
-def test_each_turn_resends_the_conversation_and_hits_its_earlier_prompt(tmp_path: Path) -> None:
+def test_each_turn_resends_the_conversation_and_hits_its_earlier_turns(tmp_path: Path) -> None:
     path = tmp_path / "conversation.toml"
     path.write_text(
         WORKLOAD.split("[workload]")[0]
@@ -433,9 +436,9 @@ conversation = true
             context = before.prompt_token_count + before.generated_token_count
             new = after.prompt_token_count - context
             assert 20 <= new <= 120  # the drawn new message
-            # Independent of the engine: the earlier prompt's full blocks are cached
-            # (answers are not named, so their blocks are not shared).
-            shared = min(before.prompt_token_count // 16, (after.prompt_token_count - 1) // 16)
+            # Independent of the engine: the earlier turn's full blocks, prompt and
+            # answer, are cached; at least one token of the new prompt is computed.
+            shared = min(context // 16, (after.prompt_token_count - 1) // 16)
             assert after.cached_prompt_token_count == 16 * shared
         assert turns[0].cached_prompt_token_count == 0
     path.write_text(

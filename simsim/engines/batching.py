@@ -297,12 +297,14 @@ class BatchingEngine(EngineBase):
         hashes = request.block_hashes
         if (
             hashes is not None
-            and len(hashes) > request.prompt_token_count // cache.block_size_tokens
+            and len(hashes)
+            > (request.prompt_token_count + request.max_output_tokens) // cache.block_size_tokens
         ):
+            tokens = request.prompt_token_count + request.max_output_tokens
             raise ValueError(
                 f"request {request.request_id} has {len(hashes)} block_hashes, but its "
-                f"{request.prompt_token_count} prompt tokens fill only "
-                f"{request.prompt_token_count // cache.block_size_tokens} blocks of "
+                f"{request.prompt_token_count} prompt and {request.max_output_tokens} output "
+                f"tokens fill at most {tokens // cache.block_size_tokens} blocks of "
                 f"{cache.block_size_tokens} tokens (one hash per full block)"
             )
         need = cache.blocks_for(request.prompt_token_count + request.max_output_tokens)
@@ -372,6 +374,8 @@ class BatchingEngine(EngineBase):
             )
         request.generated_token_count = tokens
         slot.decoded += 1
+        if slot.table is not None:
+            self._publish(slot)  # hashes past the prompt name the answer's blocks
         if request.first_token_time_us is None:
             request.first_token_time_us = now
         self._log(now, _DECODE, request.request_id)
@@ -400,12 +404,14 @@ class BatchingEngine(EngineBase):
         self._event_log.append(now, sequence, event_type, request_id)
 
     def _publish(self, slot: _Slot) -> None:
-        """Name the prompt blocks *slot* has filled, so that later requests can share them."""
+        """Name the blocks *slot* has filled (prefilled and decoded tokens) that its
+        request's ``block_hashes`` name, so that later requests can share them."""
         assert self._pool is not None and self._kv_cache is not None and slot.table is not None
         hashes = slot.request.block_hashes
         if hashes:
-            full = slot.prefilled // self._kv_cache.block_size_tokens
-            self._pool.publish(slot.table, hashes[:full])
+            full = (slot.prefilled + slot.decoded) // self._kv_cache.block_size_tokens
+            if full > len(slot.table.named):
+                self._pool.publish(slot.table, hashes[:full])
 
     def _leave(self, slot: _Slot) -> None:
         self._slots.remove(slot)

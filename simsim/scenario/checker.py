@@ -150,8 +150,8 @@ class TomlChecker:
         if not isinstance(value, list) or not all(type(item) in (int, str) for item in value):
             raise self.fail(
                 _join(where, key),
-                f"must be an array of integers or strings (one hash per full KV block of "
-                f"the prompt), got {_kind(value)} {value!r}",
+                f"must be an array of integers or strings (one hash per full KV block, "
+                f"chained), got {_kind(value)} {value!r}",
             )
         return tuple(value)
 
