@@ -94,7 +94,7 @@ class _Slot:
         self.prefilled = 0
         self.decoded = 0  # tokens decoded since this admission
         self.blocks = blocks
-        self.table = table  # its blocks in the prefix cache's pool, with one
+        self.table = table  # its blocks in the prefix cache's pool (None without one)
         self.left = False  # cancelled while its iteration ran
 
 
