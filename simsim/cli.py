@@ -451,7 +451,7 @@ def _batching_lines(
         prompts = int(requests["prompt_token_count"].sum())
         cached = int(requests["cached_prompt_tokens"].sum())
         hit = int((requests["cached_prompt_tokens"] > 0).sum())
-        share = f"{cached / prompts:.1%}" if prompts else "-"
+        share = f"{cached / prompts:.1%}" if prompts else "n/a (no prompt tokens)"
         lines.append(
             f"prefix cache  {share} of prompt tokens served from the cache; "
             f"{hit} of {len(requests)} requests hit it"

@@ -82,19 +82,23 @@ _NEXT_STATES: Final = {
 
 def _hashes(values: Iterable[Hashable], request_id: object) -> tuple[Hashable, ...]:
     """*values* as a tuple of hashable keys (``TypeError`` naming the request otherwise)."""
-    if isinstance(values, str | bytes):
+    if isinstance(values, str | bytes | set | frozenset | dict) or not hasattr(values, "__iter__"):
         raise TypeError(
             f"request {request_id}: block_hashes must be a sequence of hashes, one per full "
-            f"KV block of the prompt, got the string {values!r}"
+            f"KV block in order, got {type(values).__name__} {values!r}"
         )
+    keys = tuple(values)
     try:
-        keys = tuple(values)
-        for key in keys:
-            hash(key)
+        distinct = len(set(keys))
     except TypeError as error:
         raise TypeError(
             f"request {request_id}: block_hashes must be hashable values ({error})"
         ) from None
+    if distinct != len(keys):
+        raise ValueError(
+            f"request {request_id}: block_hashes repeats a hash; chained hashes name "
+            "different blocks, so each appears once"
+        )
     return keys
 
 

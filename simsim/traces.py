@@ -586,7 +586,8 @@ def read_mooncake_trace(
     number, read exactly), ``input_length`` (the prompt), ``output_length`` (the output
     limit) and ``hash_ids`` (one id per *block_size_tokens* tokens of the prompt, chained
     as in the public traces: equal ids at position *i* mean equal prompts up to that
-    block); other keys are ignored, blank lines skipped. A request's ``block_hashes``
+    block; there must be ``ceil(input_length / block_size_tokens)`` of them, all
+    different); other keys are ignored, blank lines skipped. A request's ``block_hashes``
     are the ids of its prompt's *full* blocks (``input_length // block_size_tokens`` of
     them; a partial last block is never shared). Each request arrives at ``timestamp *
     1000 / time_scale`` microseconds, rounded once to the nearest, ties to even; rows are
@@ -639,6 +640,23 @@ def read_mooncake_trace(
             if not isinstance(ids, list) or not all(type(item) is int for item in ids):
                 raise TraceError(
                     source, f"must be a list of integers, got {ids!r}", line=line, column="hash_ids"
+                )
+            blocks = -(-counts[0] // block)
+            if len(ids) != blocks:
+                raise TraceError(
+                    source,
+                    f"{len(ids)} hash_ids for {counts[0]} input tokens, which fill {blocks} "
+                    f"blocks of {block} tokens: is block_size_tokens the trace's own (512 in "
+                    "the public Mooncake traces)?",
+                    line=line,
+                    column="hash_ids",
+                )
+            if len(set(ids)) != len(ids):
+                raise TraceError(
+                    source,
+                    "repeats a hash id (chained ids are all different)",
+                    line=line,
+                    column="hash_ids",
                 )
             offsets.append(Fraction(stamp))
             prompts.append(counts[0])

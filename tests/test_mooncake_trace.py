@@ -35,9 +35,12 @@ def test_rows_become_requests_with_their_full_blocks_hashes(tmp_path: Path) -> N
         (4, 5),
     )
     assert second.max_output_tokens == 7
-    fast = read_mooncake_trace(trace, time_scale=2, block_size_tokens=256, first_request_id=10)
+    fast = read_mooncake_trace(trace, time_scale=2, first_request_id=10)
     assert [r.request_id for r in fast] == [10, 11]
-    assert fast[1].arrival_time_us == 750 and fast[1].block_hashes == (4, 5, 6)
+    assert fast[1].arrival_time_us == 750 and fast[1].block_hashes == (4, 5)
+    # Read with another block size, the ids do not cover the prompts: refused, not guessed.
+    with pytest.raises(TraceError, match="3 hash_ids for 1100 input tokens, which fill 5"):
+        read_mooncake_trace(trace, block_size_tokens=256)
 
 
 @pytest.mark.parametrize(
@@ -60,6 +63,10 @@ def test_rows_become_requests_with_their_full_blocks_hashes(tmp_path: Path) -> N
         (
             '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["a"]}',
             "line 1, column hash_ids: must be a list of integers",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [7, 7]}',
+            "line 1, column hash_ids: repeats a hash id",
         ),
         ("", "the trace holds no request"),
     ],
@@ -121,8 +128,10 @@ def test_the_trace_and_the_cache_must_agree_on_the_block_size(tmp_path: Path) ->
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ScenarioError, match=r"trace\.block_size_tokens: the trace's hash_ids"):
         load_scenario(path)
+    # Both set to 16: the trace's ids (512-token blocks) do not cover its prompts.
     path.write_text(text + "block_size_tokens = 16\n", encoding="utf-8")
-    assert load_scenario(path).batching is not None
+    with pytest.raises(ScenarioError, match="is block_size_tokens the trace's own"):
+        load_scenario(path)
     bad = SCENARIO.format(path=SAMPLE_MOONCAKE_TRACE).replace('format = "mooncake"', "")
     path.write_text(bad + "block_size_tokens = 16\n", encoding="utf-8")
     with pytest.raises(ScenarioError, match='only for format "mooncake"'):

@@ -396,7 +396,10 @@ def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
         ),
         encoding="utf-8",
     )
-    with pytest.raises(ScenarioError, match=r"workload\.shared_prefixes: needs \[kv_cache\]"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"workload\.shared_prefixes: needs engine = \"batching\" with \[kv_cache\]",
+    ):
         load_scenario(path)
     path.write_text(WORKLOAD.replace("lengths = [1024, 512]", "lengths = []"), encoding="utf-8")
     with pytest.raises(ScenarioError, match=r"shared_prefixes\.lengths: must be a non-empty"):
@@ -447,7 +450,10 @@ conversation = true
         .replace("[prefix_cache]\nenabled = true\n", ""),
         encoding="utf-8",
     )
-    with pytest.raises(ScenarioError, match=r"workload\.conversation: needs \[kv_cache\]"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\]",
+    ):
         load_scenario(path)
 
 
@@ -513,3 +519,27 @@ def test_a_cache_that_can_never_be_shared_changes_nothing_but_recompute(
     frame.pop("cached_prompt_tokens")
     assert plain.requests_frame().equals(frame)
     assert plain.events_frame().equals(cached.events_frame())
+
+
+@pytest.mark.parametrize(
+    ("hashes", "error", "message"),
+    [
+        ((1, 1, 2), ValueError, "repeats a hash"),
+        ({1, 2}, TypeError, "must be a sequence of hashes"),
+        (5, TypeError, "must be a sequence of hashes"),
+        ("ab", TypeError, "must be a sequence of hashes"),
+        ([[1]], TypeError, "must be hashable values"),
+    ],
+)
+def test_bad_block_hashes_are_refused_when_the_request_is_made(
+    hashes: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Request(0, 0, 12, 1, block_hashes=hashes)  # type: ignore[arg-type]
+
+
+def test_a_sweep_keeps_hit_rates_between_0_and_1() -> None:
+    from simsim.sweeps.stats import metric_range
+
+    assert metric_range("prefix_cache_hit_rate_tokens") == (0.0, 1.0)
+    assert metric_range("prefix_cache_hit_rate_requests") == (0.0, 1.0)

@@ -131,7 +131,9 @@ class BatchingEngine(EngineBase):
     """An iteration-level (continuous batching) server with an optional paged KV cache.
 
     ``BatchingEngine(backend, scheduler=None, *, max_active_requests,
-    max_batch_tokens=None, policy="prefill_first", kv_cache=None, env=None)``.
+    max_batch_tokens=None, policy="prefill_first", kv_cache=None, prefix_cache=False,
+    env=None)``; ``prefix_cache=True`` (with a ``kv_cache``) shares the KV blocks of
+    common prefixes (``docs/batching.md``, "Prefix caching").
     Same ``submit``, ``run_next_timestamp``, ``run``, ``cancel_request``,
     ``completion``, accessors, failure rules and frames as
     :class:`~simsim.SimulationEngine`, plus :attr:`iteration_log` and

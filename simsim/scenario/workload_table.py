@@ -138,7 +138,10 @@ def _conversation_blocks(
     if not check.boolean(table, "conversation", "workload", default=False):
         return None
     if block_size_tokens is None:
-        raise check.fail("workload.conversation", "needs [kv_cache]: turns share its blocks")
+        raise check.fail(
+            "workload.conversation",
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: turns share its blocks',
+        )
     return block_size_tokens
 
 
@@ -151,7 +154,11 @@ def _parse_shared_prefixes(
     prefixes = check.table(table, "shared_prefixes", where)
     check.keys(prefixes, _SHARED_PREFIX_KEYS, where)
     if block_size_tokens is None:
-        raise check.fail(where, "needs [kv_cache]: requests share its blocks")
+        raise check.fail(
+            where,
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: requests share its '
+            "blocks",
+        )
     lengths = prefixes.get("lengths")
     if not isinstance(lengths, list) or not lengths or not all(type(v) is int for v in lengths):
         raise check.fail(

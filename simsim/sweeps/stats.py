@@ -29,7 +29,7 @@ _TINY = 1e-300
 _EPSILON = 1e-15
 # Words of a metric's name (split at "_") that say what it can be: a fraction is in
 # [0, 1]; a count, a duration in microseconds, a rate or a length is at least 0.
-_FRACTION_WORDS = frozenset({"attainment", "fraction", "utilisation", "utilization"})
+_FRACTION_WORDS = frozenset({"attainment", "fraction", "hit", "utilisation", "utilization"})
 _NON_NEGATIVE_WORDS = frozenset(
     {"count", "requests", "tokens", "us", "throughput", "goodput", "length", "busy"}
 )
@@ -132,7 +132,8 @@ def metric_range(metric: str) -> tuple[float, float]:
     """The lowest and highest value a :func:`simsim.summarize` metric can take, by its name.
 
     The name's words (split at ``_``) tell. A fraction, with a word ``attainment``,
-    ``fraction``, ``utilisation`` or ``utilization`` (``slo_attainment``), is in [0, 1].
+    ``fraction``, ``hit``, ``utilisation`` or ``utilization`` (``slo_attainment``,
+    ``prefix_cache_hit_rate_tokens``), is in [0, 1].
     A count, a duration, a rate or a length, with a word ``count``, ``requests``,
     ``tokens``, ``us`` (microseconds: ``ttft_us_p99``, ``makespan_us``), ``throughput``,
     ``goodput``, ``length`` or ``busy``, is at least 0 with no upper limit. Every metric
