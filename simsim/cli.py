@@ -359,7 +359,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     server = (
-        _batching_lines(engine, frames["iterations"], frames["events"])
+        _batching_lines(engine, frames["iterations"], frames["events"], frames["requests"])
         if isinstance(engine, BatchingEngine)
         else []
     )
@@ -423,7 +423,10 @@ _LATENCY_ROWS = (
 
 
 def _batching_lines(
-    engine: BatchingEngine, iterations: pd.DataFrame, events: pd.DataFrame
+    engine: BatchingEngine,
+    iterations: pd.DataFrame,
+    events: pd.DataFrame,
+    requests: pd.DataFrame,
 ) -> list[str]:
     """The batching server's load for a terminal: batch size, preemptions, KV memory.
 
@@ -447,7 +450,6 @@ def _batching_lines(
             f"in use on average, {peak / cache.total_blocks:.1%} at the peak"
         )
     if engine.prefix_cache:
-        requests = engine.requests_frame()
         prompts = int(requests["prompt_token_count"].sum())
         cached = int(requests["cached_prompt_tokens"].sum())
         hit = int((requests["cached_prompt_tokens"] > 0).sum())
@@ -813,10 +815,7 @@ def _replay(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed, require_backend=False)
     replay.planned_requests(scenario)  # a closed-loop workload is refused before anything
     options = _replay_options(args)
-    try:
-        replay.server_root(args.url)
-    except ValueError as error:
-        raise ScenarioError("--url", "", str(error)) from None
+    _check_url(args.url)
     out = _run_output_folder(args)
     if out is None:
         return 2
@@ -838,6 +837,16 @@ def _replay(args: argparse.Namespace) -> int:
     print(replay.replay_report(run))
     print(f"results in {out}/ ({args.format}): requests, tokens, summary, run.json")
     return 1 if (run.requests["state"] == "FAILED").any() else 0
+
+
+def _check_url(url: str) -> None:
+    """*url* as a server's root, or exit 2 naming ``--url`` (needs httpx: checked first)."""
+    from simsim.fidelity.replay import server_root
+
+    try:
+        server_root(url)
+    except ValueError as error:
+        raise ScenarioError("--url", "", str(error)) from None
 
 
 def _replay_options(args: argparse.Namespace) -> ReplayOptions:
@@ -901,10 +910,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             return 2
         from simsim.fidelity import replay
 
-        try:
-            replay.server_root(args.url)
-        except ValueError as error:
-            raise ScenarioError("--url", "", str(error)) from None
+        _check_url(args.url)
         plan = _calibration_plan(args, calibrate)
         options = _replay_options(args)
         print(f"probing {args.url}: {len(plan)} probes", file=sys.stderr)

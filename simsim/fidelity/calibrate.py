@@ -481,8 +481,9 @@ def fit_backend(
         else "the probes lack error-free requests of more than "
         f"{GAP_WINDOW} tokens (raise the output lengths)"
     )
+    probe_decode = decode_observations(probes)  # also what the summary shows
     if decode is None:
-        decode = decode_observations(probes)
+        decode = probe_decode
     elif failed == len(probes):
         why = f"every one of the {failed} probe requests failed (see their error column)"
     if len(decode) < 2:
@@ -531,7 +532,7 @@ def fit_backend(
     for fit in (decode_fit, prefill_fit):
         values.update(zip(fit.names, fit.coefficients, strict=True))
     config = FittedBackendConfig(**{name: _significant(value) for name, value in values.items()})
-    summary = _probe_summary(prefill, decode_observations(probes), config)
+    summary = _probe_summary(prefill, probe_decode, config)
     return Calibration(engine, config, decode_fit, prefill_fit, summary)
 
 
