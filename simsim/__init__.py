@@ -7,7 +7,7 @@ analytical cost model, never measured hardware performance.
 import importlib
 from types import ModuleType
 
-from simsim import run_folder, sweeps, traces, workloads
+from simsim import cluster, run_folder, sweeps, traces, workloads
 from simsim._version import __version__
 from simsim.backend import (
     Backend,
@@ -18,6 +18,7 @@ from simsim.backend import (
     StepCostBackend,
 )
 from simsim.clock import Environment, ms_to_us, seconds_to_us
+from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig
 from simsim.engines import (
     BatchingEngine,
     FastSimulationEngine,
@@ -50,6 +51,8 @@ __all__ = [
     "Backend",
     "BatchingEngine",
     "CapacityResult",
+    "Cluster",
+    "DisaggregatedCluster",
     "EngineFailedError",
     "Environment",
     "EventRecord",
@@ -61,6 +64,7 @@ __all__ = [
     "InvalidTransitionError",
     "IterationRecord",
     "KvCacheConfig",
+    "KvTransferConfig",
     "QueuedRequest",
     "Request",
     "RequestState",
@@ -77,6 +81,7 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "capacity_search",
+    "cluster",
     "ms_to_us",
     "run_folder",
     "seconds_to_us",

@@ -48,7 +48,7 @@ def test_every_guide_is_in_the_site(site: Path) -> None:
     assert guides == sorted(path.stem for path in site.glob("*.html") if path.stem in guides)
 
 
-MODULES = {"run_folder", "sweeps", "traces", "workloads"}
+MODULES = {"cluster", "run_folder", "sweeps", "traces", "workloads"}
 OBJECTS = sorted(set(simsim.__all__) - MODULES - {"__version__"})
 
 

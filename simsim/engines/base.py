@@ -226,6 +226,32 @@ class EngineBase(ABC):
         return self._env.next_event_time() is not None
 
     @property
+    def queued_count(self) -> int:
+        """Requests that have arrived and wait in the scheduler's queue (preempted ones
+        included)."""
+        self._check_alive()
+        return len(self._scheduler)
+
+    @property
+    def running_count(self) -> int:
+        """Requests holding a slot now."""
+        self._check_alive()
+        return self._running_count()
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV-cache blocks in use, from 0 to 1; a server without a KV
+        cache answers the fraction of its slots held."""
+        self._check_alive()
+        return self._running_count() / self.max_active_requests
+
+    def _running_count(self) -> int:
+        """How many requests hold a slot now (hook: this default counts the requests
+        prefilling or decoding; the built-in servers answer from their slots)."""
+        active = (RequestState.PREFILLING, RequestState.DECODING)
+        return sum(1 for request in self._requests.values() if request.state in active)
+
+    @property
     def now_us(self) -> int:
         """The current simulated time in microseconds."""
         self._check_alive()
@@ -457,6 +483,10 @@ class EngineBase(ABC):
         # ignored arrival does the same in _ignore_or_fail).
         self._arrivals.popped()
         request._pending = None
+        self._enqueue_arrival(request, event.sequence)
+
+    def _enqueue_arrival(self, request: Request, sequence: int) -> None:
+        """*request* has arrived now: queue it, log it under *sequence*, fill a free slot."""
         rid = request.request_id
         self._scheduler.enqueue(
             QueuedRequest(
@@ -467,9 +497,21 @@ class EngineBase(ABC):
             )
         )
         self._processed_event_count += 1
-        self._event_log.append(self._env._now, event.sequence, _ARRIVAL, rid)
+        self._event_log.append(self._env._now, sequence, _ARRIVAL, rid)
         if self._is_idle():
             self._fill_free_slot()
+
+    @engine_work
+    def _accept_routed(self, request: Request, sequence: int) -> None:
+        """A cluster routes *request* here as it arrives, inside the event *sequence*.
+
+        The request arrives at once, as if that event were this engine's own arrival
+        event (so a one-replica cluster runs exactly as the engine alone). The cluster
+        has already checked at its ``submit`` what this engine's ``submit`` checks.
+        """
+        self._check_alive()
+        self._requests[request.request_id] = request
+        self._enqueue_arrival(request, sequence)
 
     @abstractmethod
     def _is_idle(self) -> bool:

@@ -22,9 +22,9 @@ sequence number, stamped with the end time. See ``docs/batching.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from simpy.events import Event
 
@@ -42,12 +42,12 @@ from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
-from simsim.scheduler import Scheduler
+from simsim.scheduler import AdmissionDecision, Scheduler
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["POLICIES", "BatchingEngine", "KvCacheConfig"]
+__all__ = ["POLICIES", "BatchingEngine", "KvCacheConfig", "KvLink"]
 
 POLICIES = ("prefill_first", "mixed")
 """The iteration policies :class:`BatchingEngine` knows."""
@@ -81,10 +81,38 @@ class KvCacheConfig:
         return -(-tokens // self.block_size_tokens)
 
 
+class KvLink(Protocol):
+    """How a decode replica moves a handed-over request's KV cache in (see
+    :mod:`simsim.cluster.disaggregation`): the engine calls :meth:`start` when it admits
+    the request, then :meth:`finish` when the transfer ends or :meth:`abort` when the
+    request leaves before (cancelled or preempted)."""
+
+    def start(self, request: Request, now_us: int) -> int:
+        """The transfer starts now; return its duration in microseconds."""
+        ...
+
+    def finish(self, request: Request, now_us: int) -> None:
+        """The transfer has ended."""
+        ...
+
+    def abort(self, request: Request, now_us: int) -> None:
+        """The request left before its transfer ended."""
+        ...
+
+
 class _Slot:
     """A request's place in the batch: how much it has prefilled and what it holds."""
 
-    __slots__ = ("blocks", "decoded", "left", "prefilled", "request", "table", "target")
+    __slots__ = (
+        "arriving",
+        "blocks",
+        "decoded",
+        "left",
+        "prefilled",
+        "request",
+        "table",
+        "target",
+    )
 
     def __init__(
         self, request: Request, target: int, blocks: int, table: BlockTable | None = None
@@ -96,6 +124,7 @@ class _Slot:
         self.blocks = blocks
         self.table = table  # its blocks in the prefix cache's pool (None without one)
         self.left = False  # cancelled while its iteration ran
+        self.arriving = False  # its prompt's KV cache is on its way from a prefill replica
 
 
 class _IterationEvent(Event):
@@ -107,6 +136,18 @@ class _IterationEvent(Event):
         self._ok = True
         self._value = None
         self.sequence = env.schedule_at(self, at_us)
+
+
+class _TransferEnd(Event):
+    """The end of one request's KV-cache transfer into this replica."""
+
+    def __init__(self, env: Environment, callback: Any, at_us: int, slot: _Slot) -> None:
+        self.env = env
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+        self.slot = slot
+        env.schedule_at(self, at_us)
 
 
 class _Iteration:
@@ -188,6 +229,12 @@ class BatchingEngine(EngineBase):
         self._ending: _Iteration | None = None  # the iteration whose records are written
         self._abandoned: set[_IterationEvent] = set()
         self._iterations: list[IterationRecord] = []
+        # Disaggregation (simsim.cluster): a prefill replica hands each request over at
+        # its prefill's end; a decode replica queues handed-over requests (ids in
+        # _incoming) and moves their KV cache over a link once admitted.
+        self._hand_off: Callable[[Request, int], None] | None = None
+        self._link: KvLink | None = None
+        self._incoming: set[int] = set()
         # A backend's own iteration_us, unless it is SimulatedBackend's composition of
         # the two per-phase costs: those are priced part by part, each part checked.
         iteration_us = getattr(backend, "iteration_us", None)
@@ -323,6 +370,21 @@ class BatchingEngine(EngineBase):
     def _is_idle(self) -> bool:
         return self._iteration is None
 
+    def _running_count(self) -> int:
+        return len(self._slots)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV-cache blocks held by requests (cached prefix blocks nobody
+        holds do not count); without a KV cache, the fraction of slots held."""
+        self._check_alive()
+        cache = self._kv_cache
+        if cache is None:
+            return len(self._slots) / self._max_active_requests
+        pool = self._pool
+        used = pool.used_blocks if pool is not None else cache.total_blocks - self._free_blocks
+        return used / cache.total_blocks
+
     @engine_work
     def _on_iteration_end(self, event: _IterationEvent) -> None:
         iteration = self._iteration
@@ -363,6 +425,11 @@ class BatchingEngine(EngineBase):
         self._log(now, _PREFILL, request.request_id)
         if request.generated_token_count == request.max_output_tokens:
             self._complete(slot, now)  # a zero-output request
+        elif self._hand_off is not None:
+            # A prefill replica: the request leaves with its KV cache for a decode one.
+            self._leave(slot)
+            del self._requests[request.request_id]
+            self._hand_off(request, now)
         else:
             request.transition_to(_DECODING, now)
 
@@ -447,7 +514,10 @@ class BatchingEngine(EngineBase):
         for slot, epoch in admitted:
             request = slot.request
             first_admission = request.admit_time_us is None
-            request.transition_to(_PREFILLING, now)
+            if slot.arriving:
+                self._incoming.discard(request.request_id)
+            else:
+                request.transition_to(_PREFILLING, now)
             if slot.table is None:
                 self._free_blocks -= slot.blocks
             elif first_admission:
@@ -455,6 +525,10 @@ class BatchingEngine(EngineBase):
             self._slots.append(slot)
             self._slot_of[request.request_id] = slot
             self._admission_log.append(now, request.request_id, epoch)
+            if slot.arriving:
+                self._start_transfer(slot, now)
+        if record is None:
+            return  # every request in the batch waits for its KV cache
         event = _IterationEvent(self._env, self._on_iteration_end, record.end_us)
         # At most two records per participant: a prefill or a token, then a completion.
         first = self._env.reserve_sequences(2 * len(participants))
@@ -491,6 +565,8 @@ class BatchingEngine(EngineBase):
             )
         request.transition_to(_PREEMPTED, now)
         self._leave(slot)
+        if slot.arriving:
+            self._abort_transfer(slot, now)  # it recomputes its prompt when admitted again
         self._log(now, _PREEMPT, request.request_id)
         self._scheduler.enqueue(queued_request(request))
 
@@ -514,7 +590,8 @@ class BatchingEngine(EngineBase):
                 break
             request = self._proposed(decision)
             target = request.prompt_token_count + request.generated_token_count
-            if cap is not None and chosen and new_tokens + target > cap:
+            arriving = bool(self._incoming) and request.request_id in self._incoming
+            if cap is not None and chosen and not arriving and new_tokens + target > cap:
                 break  # the head would pass the token cap: it waits, nobody overtakes it
             blocks = 0
             table = None
@@ -527,10 +604,11 @@ class BatchingEngine(EngineBase):
                     if blocks > free_blocks:
                         break  # the head does not fit in memory: it waits
                 else:
-                    # The longest cached prefix, leaving at least one token to compute.
+                    # The longest cached prefix, leaving at least one token to compute
+                    # (a handed-over request brings its whole prompt's KV cache).
                     keys = request.block_hashes or ()
                     limit = max(0, target - 1) // cache.block_size_tokens
-                    matched = pool.match(keys, limit)
+                    matched = 0 if arriving else pool.match(keys, limit)
                     if pool.needed(keys, matched) + blocks - matched > pool.available_blocks:
                         break  # the head does not fit in memory: it waits
                     # Held at once: if pricing the iteration fails, the engine has failed.
@@ -539,24 +617,31 @@ class BatchingEngine(EngineBase):
             self._commit(decision)
             free_blocks -= blocks
             slot = _Slot(request, target, blocks, table)
-            slot.prefilled = cached
+            if arriving:
+                slot.prefilled = target
+                slot.arriving = True
+            else:
+                slot.prefilled = cached
+                new_tokens += target - cached
             chosen.append((slot, decision.epoch))
-            new_tokens += target - cached
         return chosen
 
     def _plan(
         self, now: int, slots: list[_Slot], new_slots: list[_Slot]
-    ) -> tuple[list[tuple[_Slot, int | None]], IterationRecord]:
+    ) -> tuple[list[tuple[_Slot, int | None]], IterationRecord | None]:
         """Who takes part in the iteration launched now, and its priced record (step 4).
 
         *slots* is the batch in admission order, ending with *new_slots*, the requests
         admitted now (still ``WAITING`` or ``PREEMPTED``). Nothing changes here: every
-        error is raised before the admissions take effect.
+        error is raised before the admissions take effect. Requests whose KV cache is
+        still on its way take no part; the record is ``None`` when nobody does.
         """
         participants: list[tuple[_Slot, int | None]] = []
         first_decoders: list[_Slot] = []  # decoding for the first time since admission
         prefill_tokens = prefilling = decoding = 0
         if self._policy == "prefill_first":
+            if new_slots and self._link is not None:
+                new_slots = [slot for slot in new_slots if not slot.arriving]
             if new_slots:
                 for slot in new_slots:
                     chunk = slot.target - slot.prefilled
@@ -582,6 +667,8 @@ class BatchingEngine(EngineBase):
                     if not slot.decoded:
                         first_decoders.append(slot)
                     continue
+                if slot.arriving:
+                    continue
                 remaining = slot.target - slot.prefilled
                 chunk = min(remaining, budget)
                 if chunk > 0 or remaining == 0:
@@ -589,6 +676,8 @@ class BatchingEngine(EngineBase):
                     prefill_tokens += chunk
                     prefilling += 1
                     budget -= chunk
+        if not participants:
+            return participants, None
         duration = self._price(now, participants, prefill_tokens, prefilling, decoding)
         end = now + duration
         if end > MAX_TIME_US:
@@ -672,19 +761,91 @@ class BatchingEngine(EngineBase):
                     f"64-bit limit 2**63 - 1 (its first decode iteration ends at {end} us)"
                 )
 
+    # ------------------------------------------------------------------ disaggregation
+
+    def _accept_handed_over(self, request: Request) -> None:
+        """Queue *request*, prefilled on another replica, for its KV cache's transfer.
+
+        It keeps its state (``PREFILLING``) and its times; admission reserves the blocks
+        of its prompt and next token, then the transfer starts (:class:`KvLink`).
+        """
+        self._check_alive()
+        rid = request.request_id
+        if rid in self._requests:
+            raise ValueError(f"request {rid} was already submitted to this engine")
+        self._check_admissible(request)
+        self._requests[rid] = request
+        self._incoming.add(rid)
+        self._scheduler.enqueue(queued_request(request))
+        if self._is_idle():
+            self._fill_free_slot()
+
+    def _proposed(self, decision: AdmissionDecision) -> Request:
+        rid = decision.request_id
+        if self._incoming and rid in self._incoming:
+            return self._requests[rid]  # handed over: PREFILLING until its KV cache lands
+        return super()._proposed(decision)
+
+    def _start_transfer(self, slot: _Slot, now: int) -> None:
+        assert self._link is not None
+        duration = check_duration_us(
+            self._link.start(slot.request, now),
+            "the KV transfer",
+            lambda: f"request {slot.request.request_id}'s transfer at {now} us",
+        )
+        end = now + duration
+        if end > MAX_TIME_US:
+            raise time_overflow(end, f"request {slot.request.request_id}'s KV transfer")
+        _TransferEnd(self._env, self._on_transfer_end, end, slot)
+
+    @engine_work
+    def _on_transfer_end(self, event: _TransferEnd) -> None:
+        slot = event.slot
+        request = slot.request
+        if not slot.arriving or self._slot_of.get(request.request_id) is not slot:
+            return  # it left (cancelled or preempted) before its KV cache arrived
+        slot.arriving = False
+        now = self._env._now
+        assert self._link is not None
+        self._link.finish(request, now)
+        if slot.table is not None:
+            self._publish(slot)
+        request.transition_to(_DECODING, now)
+        if self._iteration is None:
+            self._request_boundary()
+
+    def _abort_transfer(self, slot: _Slot, now: int) -> None:
+        slot.arriving = False
+        assert self._link is not None
+        self._link.abort(slot.request, now)
+
     # ------------------------------------------------------------------ cancellation
 
     def _cancel_active(self, request: Request, now: int) -> None:
-        slot = self._slot_of.get(request.request_id)
+        rid = request.request_id
+        slot = self._slot_of.get(rid)
         if slot is None:
+            if rid in self._incoming:  # handed over, still queued for its transfer
+                self._incoming.discard(rid)
+                self._scheduler.remove(rid)
+                request.transition_to(_CANCELLED, now)
+                return
             raise InvalidTransitionError(
                 f"request {request.request_id} is {request.state.name} but holds no slot"
             )
         request.transition_to(_CANCELLED, now)
         slot.left = True
         self._leave(slot)
+        if slot.arriving:
+            self._abort_transfer(slot, now)
         iteration = self._iteration
-        if self._slots or iteration is None:
+        if iteration is None:
+            # Between an iteration's end and the boundary that admits, or (a decode
+            # replica) with every slot waiting for its KV cache: fill the freed slot.
+            if len(self._scheduler):
+                self._admit_now_or_at_boundary()
+            return
+        if self._slots:
             return
         # Nobody holds a slot any more: abandon the iteration; its end will be ignored.
         self._iteration = None

@@ -95,6 +95,9 @@ class SimulationEngine(EngineBase):
     def _is_idle(self) -> bool:
         return self._active is None
 
+    def _running_count(self) -> int:
+        return 0 if self._active is None else 1
+
     @lifecycle_handler
     def _on_prefill_complete(self, event: LifecycleEvent, request: Request) -> None:
         now = self._env._now

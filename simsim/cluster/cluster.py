@@ -1,0 +1,513 @@
+"""A cluster: replicas of a server on one environment, and a router in front of them.
+
+:class:`Cluster` has an engine's surface (``submit``, ``cancel_request``,
+``completion``, ``token``, ``run``, ``requests`` and the frames), so a SimPy model
+drives it exactly as it drives one engine. A submitted request waits, held back like an
+engine's own arrivals, until its arrival time; then its arrival event routes it: the
+router reads the replicas' :class:`~simsim.cluster.routers.ReplicaSnapshot` objects and
+names one replica, and the request arrives there inside that same event, as it would
+on that engine alone. Every request is routed once, at its arrival time, in the order
+of the arrival events (time, then submission order), so a run is deterministic.
+
+Snapshots are taken at a routing decision when the last ones are at least
+``refresh_interval_us`` old (``0``: at every decision). Between two refreshes the
+router sees the load as it was, even the requests it has routed since.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NoReturn
+
+from simpy.events import PENDING, Event
+
+from simsim.clock import Environment, check_count
+from simsim.cluster.routers import ReplicaSnapshot, Router, make_router
+from simsim.engines.arrivals import PendingArrivals
+from simsim.engines.base import EngineBase
+from simsim.engines.batching import BatchingEngine
+from simsim.engines.events import LifecycleEvent
+from simsim.errors import (
+    EngineFailedError,
+    InvalidTransitionError,
+    StaleEventError,
+    UnknownRequestError,
+)
+from simsim.request import Request, RequestState
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Cluster"]
+
+_UNROUTED = -1
+
+
+def _born_processed(env: Environment, request: Request) -> Event:
+    event = Event(env)
+    event._ok = True
+    event._value = request
+    event.callbacks = None  # type: ignore[assignment]
+    return event
+
+
+def _frozen_lookup(keys: frozenset[Hashable]) -> Callable[[Sequence[Hashable]], int]:
+    def lookup(block_hashes: Sequence[Hashable]) -> int:
+        count = 0
+        for key in block_hashes:
+            if key not in keys:
+                break
+            count += 1
+        return count
+
+    return lookup
+
+
+class _RouterView:
+    """A router, the replicas it chooses among, and the snapshots it last saw."""
+
+    __slots__ = ("pool", "router", "snapshot_time", "snapshots")
+
+    def __init__(self, router: Router, pool: tuple[int, ...]) -> None:
+        self.router = router
+        self.pool = pool  # indices in Cluster.replicas
+        self.snapshots: tuple[ReplicaSnapshot, ...] = ()
+        self.snapshot_time = 0
+
+
+class Cluster:
+    """Replicas of any simsim server behind one router, on one environment.
+
+    ``Cluster(replicas, router="round_robin", *, refresh_interval_us=0)``: *replicas*
+    are engines (``SimulationEngine``, ``FastSimulationEngine``, ``BatchingEngine``, in
+    any mix) built on the same :class:`~simsim.Environment`, with nothing submitted
+    yet; submit through the cluster only. *router* is a
+    :class:`~simsim.cluster.routers.Router` or the name of a built-in one (see
+    :data:`~simsim.cluster.routers.ROUTERS`). Request ids are unique across the
+    cluster. A request is checked at ``submit`` against every replica it could be
+    routed to, so routing never refuses it.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[EngineBase],
+        router: Router | str = "round_robin",
+        *,
+        refresh_interval_us: int = 0,
+    ) -> None:
+        engines = self._check_replicas(replicas, "replicas")
+        view = _RouterView(make_router(router), tuple(range(len(engines))))
+        self._setup(engines, view, refresh_interval_us)
+
+    @staticmethod
+    def _check_replicas(replicas: Sequence[EngineBase], name: str) -> tuple[EngineBase, ...]:
+        if isinstance(replicas, EngineBase) or not isinstance(replicas, Sequence):
+            raise TypeError(f"{name} must be a sequence of engines, got {replicas!r}")
+        engines = tuple(replicas)
+        if not engines:
+            raise ValueError(f"{name} is empty: a cluster needs at least one replica")
+        for index, engine in enumerate(engines):
+            if not isinstance(engine, EngineBase):
+                raise TypeError(
+                    f"{name}[{index}] is {engine!r}, not a simsim engine "
+                    "(SimulationEngine, FastSimulationEngine or BatchingEngine)"
+                )
+            if engine.env is not engines[0].env:
+                raise ValueError(
+                    f"{name}[{index}] runs on another environment than {name}[0]; build every "
+                    "replica with the same env=simsim.Environment()"
+                )
+            if engine.requests:
+                raise ValueError(
+                    f"{name}[{index}] already has {len(engine.requests)} submitted requests; "
+                    "a replica must be new, and requests submitted through the cluster only"
+                )
+        seen: set[int] = set()
+        for index, engine in enumerate(engines):
+            if id(engine) in seen:
+                raise ValueError(
+                    f"{name}[{index}] is listed twice; every replica is its own engine"
+                )
+            seen.add(id(engine))
+        return engines
+
+    def _setup(
+        self, replicas: tuple[EngineBase, ...], front: _RouterView, refresh_interval_us: int
+    ) -> None:
+        self._replicas = replicas
+        self._env = replicas[0].env
+        self._front = front  # routes arrivals
+        self._refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
+        self._requests: dict[int, Request] = {}
+        # request id -> index of the replica that holds it now (routed requests only)
+        self._holder: dict[int, int] = {}
+        self._authorized: dict[int, object] = {}
+        self._arrivals = PendingArrivals(self._env, (self._on_arrival,), self._authorized)
+        self._completions: dict[int, Event] = {}  # for requests not routed yet
+        self._token_waiters: dict[int, dict[int, Event]] = {}
+        self._route_times: array[int] = array("q")
+        self._route_ids: array[int] = array("q")
+        self._route_replicas: array[int] = array("q")
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def env(self) -> Environment:
+        """The environment every replica schedules on."""
+        return self._env
+
+    @property
+    def replicas(self) -> tuple[EngineBase, ...]:
+        """The replicas, in index order."""
+        return self._replicas
+
+    @property
+    def router(self) -> Router:
+        """The routing policy (for a disaggregated cluster, the prefill pool's)."""
+        return self._front.router
+
+    @property
+    def refresh_interval_us(self) -> int:
+        """How old the router's snapshots may get before a decision refreshes them."""
+        return self._refresh_us
+
+    @property
+    def now_us(self) -> int:
+        """The current simulated time in microseconds."""
+        return self._env.now
+
+    @property
+    def failed(self) -> bool:
+        """``True`` once routing or a replica has failed for good."""
+        return self._failure is not None or any(engine.failed for engine in self._replicas)
+
+    @property
+    def has_pending_events(self) -> bool:
+        """``True`` while the environment's heap holds any event."""
+        return self._env.next_event_time() is not None
+
+    @property
+    def requests(self) -> Mapping[int, Request]:
+        """A read-only mapping from request id to every submitted :class:`Request`."""
+        self._check_alive()
+        self._bring_up_to_date()
+        return MappingProxyType(self._requests)
+
+    def replica_of(self, request_id: int) -> int | None:
+        """The index of the replica that holds the request now (for a disaggregated
+        cluster, the decode replica once handed over), or ``None`` before routing."""
+        self._check_alive()
+        rid = self._known(request_id)
+        return self._holder.get(rid)
+
+    # ------------------------------------------------------------------ driving
+
+    def submit(self, request: Request) -> Request:
+        """Hand a pristine *request* to the cluster; it is routed at its arrival time.
+
+        The same checks as an engine's ``submit`` (id new to the cluster), plus every
+        replica the request could be routed to must be able to run it; ``ValueError``
+        (``TypeError`` for a non-:class:`Request`) and nothing changes otherwise.
+        Returns the same object.
+        """
+        self._check_alive()
+        if not isinstance(request, Request):
+            raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
+        if not request.is_fresh():
+            request.validate()
+            if not request.is_pristine:
+                raise ValueError(
+                    f"request {request.request_id} is not pristine (state "
+                    f"{request.state.name}); submit a new WAITING request with no tokens and "
+                    "no timestamps"
+                )
+        rid = request.request_id
+        if rid in self._requests:
+            raise ValueError(f"request {rid} was already submitted to this cluster")
+        if request._pending is not None or request._event is not None:
+            raise ValueError(f"request {rid} is already submitted to another engine")
+        now = self._env._now
+        if request.arrival_time_us < now:
+            raise ValueError(
+                f"request {rid} arrives at {request.arrival_time_us} us, before the current "
+                f"time {now} us"
+            )
+        for index, engine in enumerate(self._replicas):
+            try:
+                engine._check_admissible(request)
+            except ValueError as error:
+                raise ValueError(f"replica {index}: {error}") from None
+        self._arrivals.add(request)
+        self._requests[rid] = request
+        return request
+
+    def cancel_request(self, request_id: int) -> None:
+        """Cancel a request that has not finished, wherever it is; as on an engine."""
+        self._check_alive()
+        rid = self._known(request_id)
+        holder = self._holder.get(rid)
+        if holder is not None:
+            self._replicas[holder].cancel_request(rid)
+            return
+        request = self._requests[rid]
+        if request.is_terminal:
+            raise InvalidTransitionError(
+                f"request {rid} is already {request.state.name}; only a WAITING, PREFILLING, "
+                "DECODING or PREEMPTED request can be cancelled"
+            )
+        # Not arrived yet: its arrival event will come up and be ignored.
+        pending = request._pending
+        request.transition_to(RequestState.CANCELLED, self._env.now)
+        self._authorized[rid] = pending
+        request._pending = request._event = None
+        event = self._completions.get(rid)
+        if event is not None and event._value is PENDING:
+            event.succeed(request)
+        for _, waiting in sorted(self._token_waiters.pop(rid, {}).items()):
+            waiting.succeed(request)
+
+    def completion(self, request_id: int) -> Event:
+        """A SimPy event that succeeds with the :class:`Request` once it is terminal."""
+        self._check_alive()
+        rid = self._known(request_id)
+        holder = self._holder.get(rid)
+        if holder is not None:
+            return self._replicas[holder].completion(rid)
+        event = self._completions.get(rid)
+        if event is None:
+            request = self._requests[rid]
+            terminal = request.is_terminal
+            event = _born_processed(self._env, request) if terminal else Event(self._env)
+            self._completions[rid] = event
+        return event
+
+    def token(self, request_id: int, n: int) -> Event:
+        """A SimPy event for the request's *n*-th output token, as on an engine."""
+        self._check_alive()
+        rid = self._known(request_id)
+        holder = self._holder.get(rid)
+        if holder is not None:
+            return self._replicas[holder].token(rid, n)
+        number = check_count(n, "n", minimum=1)
+        request = self._requests[rid]
+        if request.is_terminal:
+            return _born_processed(self._env, request)
+        waiters = self._token_waiters.setdefault(rid, {})
+        waiting = waiters.get(number)
+        if waiting is None:
+            waiting = waiters[number] = Event(self._env)
+        return waiting
+
+    def first_token(self, request_id: int) -> Event:
+        """``token(request_id, 1)``."""
+        return self.token(request_id, 1)
+
+    def run(self) -> None:
+        """Process events until nothing at all is pending."""
+        self._check_alive()
+        self._env.drain()
+
+    def run_next_timestamp(self) -> int | None:
+        """Process every event at the earliest pending time T (every replica's); returns
+        T, or ``None`` when nothing is pending."""
+        self._check_alive()
+        env = self._env
+        at = env.next_event_time()
+        if at is None:
+            return None
+        while env.next_event_time() == at:
+            env.step()
+        return at
+
+    # ------------------------------------------------------------------ routing
+
+    def _on_arrival(self, event: LifecycleEvent) -> None:
+        self._arrivals.popped()
+        request = event.request
+        rid = request.request_id
+        if request._pending is not event:
+            if self._authorized.get(rid) is event and request.state is RequestState.CANCELLED:
+                del self._authorized[rid]
+                return
+            self._fail_with(
+                StaleEventError(
+                    f"request {rid} ({request.state.name}) was not waiting for its arrival "
+                    f"(sequence {event.sequence}) at {self._env.now} us"
+                )
+            )
+        request._pending = None
+        index = self._route(request, self._front)
+        self._hand_to(request, index)
+        self._replicas[index]._accept_routed(request, event.sequence)
+
+    def _route(self, request: Request, view: _RouterView) -> int:
+        """Ask *view*'s router; returns the chosen replica's index in :attr:`replicas`."""
+        now = self._env._now
+        snapshots = view.snapshots
+        pool = view.pool
+        if not snapshots or self._refresh_us == 0 or now >= view.snapshot_time + self._refresh_us:
+            snapshots = view.snapshots = self._take_snapshots(pool, now)
+            view.snapshot_time = now
+        try:
+            choice = view.router.route(request, snapshots)
+        except BaseException as error:
+            if self._failure is None:
+                self._failure = error
+            raise
+        if type(choice) is not int or not 0 <= choice < len(pool):
+            self._fail_with(
+                ValueError(
+                    f"router {view.router!r} answered {choice!r} for request "
+                    f"{request.request_id}; it must be an int index from 0 to {len(pool) - 1}"
+                )
+            )
+        index = pool[choice]
+        self._route_times.append(now)
+        self._route_ids.append(request.request_id)
+        self._route_replicas.append(index)
+        return index
+
+    def _take_snapshots(self, pool: tuple[int, ...], now: int) -> tuple[ReplicaSnapshot, ...]:
+        stale = self._refresh_us > 0
+        snapshots = []
+        for position, index in enumerate(pool):
+            engine = self._replicas[index]
+            lookup = None
+            cache = engine._pool if isinstance(engine, BatchingEngine) else None
+            if cache is not None:
+                lookup = _frozen_lookup(frozenset(cache._named)) if stale else cache.match
+            snapshots.append(
+                ReplicaSnapshot(
+                    position,
+                    now,
+                    len(engine._scheduler),
+                    engine._running_count(),
+                    engine.max_active_requests,
+                    engine.kv_cache_usage,
+                    *(() if lookup is None else (lookup,)),
+                )
+            )
+        return tuple(snapshots)
+
+    def _hand_to(self, request: Request, index: int) -> None:
+        """*request* is about to be on replica *index*: move its waiters there."""
+        rid = request.request_id
+        engine = self._replicas[index]
+        previous = self._holder.get(rid)
+        self._holder[rid] = index
+        if previous is None:
+            completion = self._completions.pop(rid, None)
+            waiters = self._token_waiters.pop(rid, None)
+        else:
+            source = self._replicas[previous]
+            completion = source._completions.pop(rid, None)
+            waiters = source._token_waiters.pop(rid, None)
+        if completion is not None:
+            engine._completions[rid] = completion
+        if waiters:
+            engine._token_waiters[rid] = waiters
+
+    # ------------------------------------------------------------------ frames
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per submitted request, in id order, with the engine columns and
+        ``replica`` (the index it was routed to; ``<NA>`` if it never was);
+        ``cached_prompt_tokens`` is appended when any replica has a prefix cache."""
+        import pandas as pd
+
+        frame = self._base_frame()
+        frame["replica"] = pd.array(
+            [self._holder.get(rid) for rid in frame["request_id"]], dtype="Int64"
+        )
+        return frame
+
+    def _base_frame(self) -> pd.DataFrame:
+        self._check_alive()
+        self._bring_up_to_date()
+        import pandas as pd
+
+        from simsim.results import requests_frame
+
+        frame = requests_frame(self._requests)
+        if any(isinstance(e, BatchingEngine) and e.prefix_cache for e in self._replicas):
+            counts = [self._requests[rid].cached_prompt_token_count for rid in frame["request_id"]]
+            frame["cached_prompt_tokens"] = pd.array(counts, dtype="int64")
+        return frame
+
+    def routes_frame(self) -> pd.DataFrame:
+        """One row per routing decision, in order: ``timestamp_us, request_id, replica``."""
+        self._check_alive()
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "timestamp_us": pd.array(self._route_times, dtype="int64"),
+                "request_id": pd.array(self._route_ids, dtype="int64"),
+                "replica": pd.array(self._route_replicas, dtype="int64"),
+            }
+        )
+
+    def events_frame(self) -> pd.DataFrame:
+        """Every replica's event log in one frame with a ``replica`` column, ordered by
+        ``(timestamp_us, sequence)`` (sequence numbers are the environment's, unique)."""
+        return self._merged("events_frame", ["timestamp_us", "sequence"])
+
+    def admissions_frame(self) -> pd.DataFrame:
+        """Every replica's admissions with a ``replica`` column, in time order."""
+        return self._merged("admissions_frame", ["timestamp_us"])
+
+    def iterations_frame(self) -> pd.DataFrame:
+        """Every batching replica's iterations with a ``replica`` column, by start time."""
+        return self._merged("iterations_frame", ["start_us"], batching_only=True)
+
+    def _merged(self, method: str, order: list[str], batching_only: bool = False) -> pd.DataFrame:
+        self._check_alive()
+        import pandas as pd
+
+        frames = []
+        for index, engine in self._indexed(batching_only):
+            frame = getattr(engine, method)()
+            frame["replica"] = pd.array([index] * len(frame), dtype="int64")
+            frames.append(frame)
+        if not frames:
+            raise ValueError(f"{method}: no replica of this cluster is a BatchingEngine")
+        merged = pd.concat(frames, ignore_index=True)
+        ordered: pd.DataFrame = merged.sort_values(order, kind="stable", ignore_index=True)
+        return ordered
+
+    def _indexed(self, batching_only: bool) -> Iterator[tuple[int, EngineBase]]:
+        for index, engine in enumerate(self._replicas):
+            if not batching_only or isinstance(engine, BatchingEngine):
+                yield index, engine
+
+    # ------------------------------------------------------------------ internals
+
+    def _known(self, request_id: int) -> int:
+        rid = check_count(request_id, "request_id")
+        if rid not in self._requests:
+            raise UnknownRequestError(f"request {rid} was never submitted to this cluster")
+        return rid
+
+    def _bring_up_to_date(self) -> None:
+        for engine in self._replicas:
+            engine.requests  # noqa: B018 (FastSimulationEngine works out progress here)
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise EngineFailedError(
+                f"the cluster failed earlier ({type(self._failure).__name__}: {self._failure})"
+            ) from self._failure
+        for index, engine in enumerate(self._replicas):
+            if engine.failed:
+                try:
+                    engine.requests  # noqa: B018 (raises the replica's EngineFailedError)
+                except EngineFailedError as error:
+                    raise EngineFailedError(f"replica {index} failed: {error}") from error
+
+    def _fail_with(self, error: BaseException) -> NoReturn:
+        if self._failure is None:
+            self._failure = error
+        raise error

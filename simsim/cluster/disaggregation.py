@@ -1,0 +1,249 @@
+"""Disaggregated prefill and decode: two pools of batching replicas and a KV transfer.
+
+A request arrives at a prefill replica (chosen by the prefill router), is queued and
+prefilled there as on any batching server, and at its prefill's end leaves that replica
+with its prompt's KV cache. The decode router then chooses a decode replica, where the
+request queues (state still ``PREFILLING``) until admission reserves the KV blocks of
+its prompt and next token; only then does the transfer start. It lasts
+
+    ``base_us + round(bytes * transfers_in_flight * 1e6 / bandwidth_bytes_per_s)``
+
+microseconds, with ``bytes = prompt tokens * kv_bytes_per_token`` and
+``transfers_in_flight`` the transfers into that decode replica at its start, itself
+included (its link's bandwidth is shared equally, and the share is fixed when the
+transfer starts). When it ends the request is ``DECODING`` and joins the replica's next
+iteration; its first token, and so its TTFT, comes after the transfer.
+
+A request preempted on the decode replica loses its KV cache and recomputes it there,
+as on any batching server; one cancelled during the transfer frees its blocks at once.
+The prefill replica frees its blocks when the request leaves it (the KV cache is staged
+out at the prefill's end).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from simsim.clock import check_count
+from simsim.cluster.cluster import Cluster, _RouterView
+from simsim.cluster.routers import Router, make_router
+from simsim.engines.base import EngineBase
+from simsim.engines.batching import BatchingEngine
+from simsim.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["DisaggregatedCluster", "KvTransferConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransferConfig:
+    """The cost of moving a prompt's KV cache from a prefill to a decode replica.
+
+    ``base_us`` (>= 0) is paid by every transfer; ``kv_bytes_per_token`` (>= 1) is the
+    KV cache's size per token (for a model, ``2 * layers * kv_heads * head_dim *
+    bytes_per_value``); ``bandwidth_bytes_per_s`` (>= 1) is each decode replica's
+    inbound bandwidth, shared by the transfers in flight into it.
+    """
+
+    kv_bytes_per_token: int
+    bandwidth_bytes_per_s: int
+    base_us: int = 0
+
+    def __post_init__(self) -> None:
+        check_count(self.base_us, "base_us")
+        check_count(self.kv_bytes_per_token, "kv_bytes_per_token", minimum=1)
+        check_count(self.bandwidth_bytes_per_s, "bandwidth_bytes_per_s", minimum=1)
+
+    def transfer_us(self, tokens: int, in_flight: int) -> int:
+        """A transfer of *tokens* tokens' KV cache sharing the link with ``in_flight - 1``
+        others: ``base_us + bytes * in_flight * 1e6 / bandwidth``, rounded to the nearest
+        microsecond (halves up), in exact integer arithmetic."""
+        bandwidth = self.bandwidth_bytes_per_s
+        scaled = tokens * self.kv_bytes_per_token * in_flight * 1_000_000
+        return self.base_us + (2 * scaled + bandwidth) // (2 * bandwidth)
+
+
+class _Link:
+    """One decode replica's inbound link: transfers in flight and their records."""
+
+    __slots__ = ("_cluster", "_config", "_in_flight", "_replica")
+
+    def __init__(self, cluster: DisaggregatedCluster, replica: int, config: KvTransferConfig):
+        self._cluster = cluster
+        self._replica = replica
+        self._config = config
+        self._in_flight = 0
+
+    def start(self, request: Request, now_us: int) -> int:
+        self._in_flight += 1
+        duration = self._config.transfer_us(request.prompt_token_count, self._in_flight)
+        self._cluster._transfer_started(request.request_id, now_us, duration)
+        return duration
+
+    def finish(self, request: Request, now_us: int) -> None:
+        self._in_flight -= 1
+        self._cluster._transfer_ended(request.request_id, now_us)
+
+    def abort(self, request: Request, now_us: int) -> None:
+        self._in_flight -= 1
+        self._cluster._transfer_ended(request.request_id, None)
+
+
+class DisaggregatedCluster(Cluster):
+    """A prefill pool and a decode pool of :class:`~simsim.BatchingEngine` replicas.
+
+    ``DisaggregatedCluster(prefill, decode, transfer, *, prefill_router="round_robin",
+    decode_router="least_outstanding", refresh_interval_us=0)``. :attr:`replicas` lists
+    the prefill replicas first, then the decode ones, and frames number them that way.
+    The surface is :class:`Cluster`'s; see this module's docs for the request's path.
+    """
+
+    def __init__(
+        self,
+        prefill: Sequence[BatchingEngine],
+        decode: Sequence[BatchingEngine],
+        transfer: KvTransferConfig,
+        *,
+        prefill_router: Router | str = "round_robin",
+        decode_router: Router | str = "least_outstanding",
+        refresh_interval_us: int = 0,
+    ) -> None:
+        prefill_pool = self._check_replicas(prefill, "prefill")
+        decode_pool = self._check_replicas(decode, "decode")
+        for name, pool in (("prefill", prefill_pool), ("decode", decode_pool)):
+            for index, engine in enumerate(pool):
+                if not isinstance(engine, BatchingEngine):
+                    raise TypeError(
+                        f"{name}[{index}] is a {type(engine).__name__}; both pools of a "
+                        "DisaggregatedCluster are BatchingEngine replicas"
+                    )
+        if not isinstance(transfer, KvTransferConfig):
+            raise TypeError(f"transfer must be a KvTransferConfig, got {transfer!r}")
+        replicas: tuple[EngineBase, ...] = self._check_replicas(
+            prefill_pool + decode_pool, "prefill + decode"
+        )
+        front_router = make_router(prefill_router)
+        back_router = make_router(decode_router)
+        if back_router is front_router:
+            raise ValueError("prefill_router and decode_router must be two router objects")
+        count = len(prefill_pool)
+        self._setup(replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us)
+        self._back = _RouterView(back_router, tuple(range(count, len(replicas))))
+        self._transfer = transfer
+        self._prefill_replica: dict[int, int] = {}
+        self._transfer_start: dict[int, int] = {}
+        self._transfer_end: dict[int, int] = {}
+        self._transfer_times: array[int] = array("q")
+        self._transfer_ids: array[int] = array("q")
+        self._transfer_replicas: array[int] = array("q")
+        self._transfer_durations: array[int] = array("q")
+        for engine in prefill_pool:
+            assert isinstance(engine, BatchingEngine)
+            engine._hand_off = self._hand_off
+        for index in self._back.pool:
+            engine = replicas[index]
+            assert isinstance(engine, BatchingEngine)
+            engine._link = _Link(self, index, transfer)
+
+    @property
+    def prefill_replicas(self) -> tuple[BatchingEngine, ...]:
+        """The prefill pool."""
+        return tuple(self._replicas[i] for i in self._front.pool)  # type: ignore[misc]
+
+    @property
+    def decode_replicas(self) -> tuple[BatchingEngine, ...]:
+        """The decode pool."""
+        return tuple(self._replicas[i] for i in self._back.pool)  # type: ignore[misc]
+
+    @property
+    def decode_router(self) -> Router:
+        """The router that chooses the decode replica at a prefill's end."""
+        return self._back.router
+
+    @property
+    def transfer(self) -> KvTransferConfig:
+        """The KV transfer's cost."""
+        return self._transfer
+
+    # ------------------------------------------------------------------ the hand-off
+
+    def _hand_off(self, request: Request, now_us: int) -> None:
+        """A prefill replica's request has finished its prefill: route it to decode."""
+        rid = request.request_id
+        source = self._holder[rid]
+        self._prefill_replica[rid] = source
+        index = self._route(request, self._back)
+        self._hand_to(request, index)
+        engine = self._replicas[index]
+        assert isinstance(engine, BatchingEngine)
+        engine._accept_handed_over(request)
+
+    def _transfer_started(self, request_id: int, now_us: int, duration_us: int) -> None:
+        self._transfer_start[request_id] = now_us
+        self._transfer_times.append(now_us)
+        self._transfer_ids.append(request_id)
+        self._transfer_replicas.append(self._holder[request_id])
+        self._transfer_durations.append(duration_us)
+
+    def _transfer_ended(self, request_id: int, now_us: int | None) -> None:
+        if now_us is None:  # aborted: a recompute follows, if anything
+            self._transfer_start.pop(request_id, None)
+        else:
+            self._transfer_end[request_id] = now_us
+
+    # ------------------------------------------------------------------ frames
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per request with the engine columns, ``prefill_replica`` and
+        ``decode_replica`` (indices in :attr:`replicas`, ``<NA>`` where it never got
+        there), ``transfer_start_us``, ``transfer_end_us`` and ``transfer_us`` (of the
+        transfer that completed, ``<NA>`` otherwise)."""
+        import pandas as pd
+
+        frame = self._base_frame()
+        ids = list(frame["request_id"])
+        decode_set = set(self._back.pool)
+        prefill: list[int | None] = []
+        decode: list[int | None] = []
+        for rid in ids:
+            holder = self._holder.get(rid)
+            if holder is None:
+                prefill.append(None)
+                decode.append(None)
+            elif holder in decode_set:
+                prefill.append(self._prefill_replica[rid])
+                decode.append(holder)
+            else:
+                prefill.append(holder)
+                decode.append(None)
+        frame["prefill_replica"] = pd.array(prefill, dtype="Int64")
+        frame["decode_replica"] = pd.array(decode, dtype="Int64")
+        ends = [self._transfer_end.get(rid) for rid in ids]
+        starts = [
+            self._transfer_start.get(rid) if end is not None else None
+            for rid, end in zip(ids, ends, strict=True)
+        ]
+        frame["transfer_start_us"] = pd.array(starts, dtype="Int64")
+        frame["transfer_end_us"] = pd.array(ends, dtype="Int64")
+        frame["transfer_us"] = frame["transfer_end_us"] - frame["transfer_start_us"]
+        return frame
+
+    def transfers_frame(self) -> pd.DataFrame:
+        """One row per transfer started, in order: ``start_us, request_id,
+        decode_replica, duration_us`` (an aborted transfer keeps its planned duration)."""
+        self._check_alive()
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "start_us": pd.array(self._transfer_times, dtype="int64"),
+                "request_id": pd.array(self._transfer_ids, dtype="int64"),
+                "decode_replica": pd.array(self._transfer_replicas, dtype="int64"),
+                "duration_us": pd.array(self._transfer_durations, dtype="int64"),
+            }
+        )

@@ -1,0 +1,303 @@
+"""Routing policies: which replica of a cluster takes an arriving request.
+
+A router sees the replicas only through :class:`ReplicaSnapshot` objects, which the
+cluster refreshes at most once every ``refresh_interval_us`` (``0``: before every
+decision), the way a real router reads load that is a little old. It answers the index
+of the replica, ``0 <= index < len(replicas)``. Every built-in router breaks ties the
+same way, by fewer outstanding requests and then by the lower index, so a run is
+deterministic; the two that draw at random use their own seeded generator.
+
+Write your own by giving any object a ``route(request, replicas) -> int`` method
+(:class:`Router`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from simsim.clock import check_count
+
+if TYPE_CHECKING:
+    from simsim.request import Request
+
+__all__ = [
+    "ROUTERS",
+    "SCORERS",
+    "LeastKvCacheRouter",
+    "LeastOutstandingRouter",
+    "PowerOfTwoRouter",
+    "PrefixAffinityRouter",
+    "RandomRouter",
+    "ReplicaSnapshot",
+    "RoundRobinRouter",
+    "Router",
+    "WeightedRouter",
+    "make_router",
+]
+
+
+def _no_prefix(block_hashes: Sequence[Hashable]) -> int:
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    """What a router knows of one replica, as of :attr:`taken_at_us`.
+
+    ``outstanding = queued + running``: requests routed to the replica that are not
+    finished or cancelled (a request routed there arrives at once). ``kv_cache_usage``
+    is the fraction of KV-cache blocks held, from 0 to 1 (a replica without a KV cache
+    reports the fraction of its slots held).
+    """
+
+    index: int
+    taken_at_us: int
+    queued: int
+    running: int
+    max_active_requests: int
+    kv_cache_usage: float
+    _prefix_lookup: Callable[[Sequence[Hashable]], int] = field(
+        default=_no_prefix, repr=False, compare=False
+    )
+
+    @property
+    def outstanding(self) -> int:
+        """Requests on the replica that are not terminal: ``queued + running``."""
+        return self.queued + self.running
+
+    def cached_prefix_blocks(self, block_hashes: Sequence[Hashable] | None) -> int:
+        """How many of *block_hashes*, from the first, name blocks the replica's prefix
+        cache held when the snapshot was taken (``0`` without a prefix cache)."""
+        if not block_hashes:
+            return 0
+        return self._prefix_lookup(block_hashes)
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Chooses the replica for each arriving request."""
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The index of the replica that takes *request* (``replicas[i].index == i``)."""
+        ...
+
+
+def _least_loaded(candidates: Sequence[ReplicaSnapshot]) -> int:
+    """The tie-break every router ends with: fewest outstanding, then lowest index."""
+    best = candidates[0]
+    for snapshot in candidates:
+        if (snapshot.outstanding, snapshot.index) < (best.outstanding, best.index):
+            best = snapshot
+    return best.index
+
+
+class RoundRobinRouter:
+    """Replica ``k mod n`` takes the ``k``-th routed request (``k`` from 0)."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The next replica in turn."""
+        index = self._next % len(replicas)
+        self._next = index + 1
+        return index
+
+    def __repr__(self) -> str:
+        return "RoundRobinRouter()"
+
+
+class RandomRouter:
+    """A uniformly random replica, drawn from ``random.Random(seed)``."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = check_count(seed, "seed")
+        self._random = random.Random(self.seed)
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """``randrange(n)``."""
+        return self._random.randrange(len(replicas))
+
+    def __repr__(self) -> str:
+        return f"RandomRouter(seed={self.seed})"
+
+
+class LeastOutstandingRouter:
+    """Join the shortest queue: ``argmin outstanding``, ties to the lower index."""
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The replica with the fewest outstanding requests."""
+        return _least_loaded(replicas)
+
+    def __repr__(self) -> str:
+        return "LeastOutstandingRouter()"
+
+
+class LeastKvCacheRouter:
+    """``argmin kv_cache_usage``, ties to fewer outstanding, then the lower index."""
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The replica with the emptiest KV cache."""
+        low = min(snapshot.kv_cache_usage for snapshot in replicas)
+        return _least_loaded([s for s in replicas if s.kv_cache_usage == low])
+
+    def __repr__(self) -> str:
+        return "LeastKvCacheRouter()"
+
+
+class PowerOfTwoRouter:
+    """Two distinct replicas drawn at random (``random.Random(seed).sample``); the one
+    with fewer outstanding requests takes the request, ties to the lower index."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = check_count(seed, "seed")
+        self._random = random.Random(self.seed)
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The less loaded of two random replicas."""
+        if len(replicas) == 1:
+            return 0
+        first, second = self._random.sample(range(len(replicas)), 2)
+        return _least_loaded([replicas[first], replicas[second]])
+
+    def __repr__(self) -> str:
+        return f"PowerOfTwoRouter(seed={self.seed})"
+
+
+class PrefixAffinityRouter:
+    """The replica whose prefix cache holds the longest prefix of the request's
+    ``block_hashes`` (``argmax cached_prefix_blocks``), ties to fewer outstanding, then
+    the lower index; a request without hashes goes to the least loaded replica."""
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The replica with the longest cached prefix."""
+        hashes = request.block_hashes
+        if not hashes:
+            return _least_loaded(replicas)
+        matched = [snapshot.cached_prefix_blocks(hashes) for snapshot in replicas]
+        best = max(matched)
+        return _least_loaded([s for s, m in zip(replicas, matched, strict=True) if m == best])
+
+    def __repr__(self) -> str:
+        return "PrefixAffinityRouter()"
+
+
+def _queue_scores(replicas: Sequence[ReplicaSnapshot], request: Request) -> list[float]:
+    queued = [snapshot.queued for snapshot in replicas]
+    low, high = min(queued), max(queued)
+    if high == low:
+        return [1.0] * len(replicas)
+    return [(high - q) / (high - low) for q in queued]
+
+
+def _kv_cache_scores(replicas: Sequence[ReplicaSnapshot], request: Request) -> list[float]:
+    return [1.0 - snapshot.kv_cache_usage for snapshot in replicas]
+
+
+def _running_scores(replicas: Sequence[ReplicaSnapshot], request: Request) -> list[float]:
+    return [1.0 - snapshot.running / snapshot.max_active_requests for snapshot in replicas]
+
+
+def _prefix_scores(replicas: Sequence[ReplicaSnapshot], request: Request) -> list[float]:
+    hashes = request.block_hashes
+    if not hashes:
+        return [0.0] * len(replicas)
+    return [snapshot.cached_prefix_blocks(hashes) / len(hashes) for snapshot in replicas]
+
+
+SCORERS: Mapping[str, Callable[[Sequence[ReplicaSnapshot], Request], list[float]]] = {
+    "queue": _queue_scores,
+    "kv_cache": _kv_cache_scores,
+    "running": _running_scores,
+    "prefix": _prefix_scores,
+}
+"""The scorers :class:`WeightedRouter` combines; each gives every replica a score
+from 0 (worst) to 1 (best):
+
+* ``queue``: ``(max q - q_i) / (max q - min q)`` over the queued counts, 1 for every
+  replica when they are all equal;
+* ``kv_cache``: ``1 - kv_cache_usage_i``;
+* ``running``: ``1 - running_i / max_active_requests_i``;
+* ``prefix``: ``cached_prefix_blocks_i / len(block_hashes)``, 0 without hashes.
+"""
+
+
+class WeightedRouter:
+    """A weighted sum of normalised scorers, the scheme of llm-d's inference scheduler.
+
+    ``score_i = sum(weight_s * scorer_s(i))`` over the scorers named in *weights*
+    (keys of :data:`SCORERS`, weights finite and >= 0, at least one above 0); the
+    replica with the highest score takes the request, ties to fewer outstanding, then
+    the lower index.
+    """
+
+    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+        if weights is None:
+            weights = {"queue": 1.0, "kv_cache": 1.0, "prefix": 1.0}
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"weights must be a mapping of scorer name to weight, got {weights!r}")
+        checked: dict[str, float] = {}
+        for name, weight in weights.items():
+            if name not in SCORERS:
+                raise ValueError(f"unknown scorer {name!r}; choose among {sorted(SCORERS)}")
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise TypeError(f"the weight of scorer {name!r} must be a number, got {weight!r}")
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError(
+                    f"the weight of scorer {name!r} must be finite and >= 0, got {weight}"
+                )
+            checked[name] = float(weight)
+        if not any(checked.values()):
+            raise ValueError(f"weights {dict(weights)!r}: at least one weight must be above 0")
+        self.weights: Mapping[str, float] = checked
+
+    def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+        """The replica with the highest weighted score."""
+        totals = [0.0] * len(replicas)
+        for name, weight in self.weights.items():
+            if weight:
+                for i, score in enumerate(SCORERS[name](replicas, request)):
+                    totals[i] += weight * score
+        best = max(totals)
+        return _least_loaded([s for s, t in zip(replicas, totals, strict=True) if t == best])
+
+    def __repr__(self) -> str:
+        return f"WeightedRouter(weights={dict(self.weights)!r})"
+
+
+ROUTERS: Mapping[str, Callable[..., Router]] = {
+    "round_robin": RoundRobinRouter,
+    "random": RandomRouter,
+    "least_outstanding": LeastOutstandingRouter,
+    "least_kv_cache": LeastKvCacheRouter,
+    "power_of_two": PowerOfTwoRouter,
+    "prefix_affinity": PrefixAffinityRouter,
+    "weighted": WeightedRouter,
+}
+"""The built-in routers by the names scenario files use."""
+
+
+def make_router(router: Router | str, **options: Any) -> Router:
+    """A router: *router* itself if it is one, else the built-in of that name built
+    with *options* (``seed`` for ``random`` and ``power_of_two``, ``weights`` for
+    ``weighted``)."""
+    if isinstance(router, str):
+        factory = ROUTERS.get(router)
+        if factory is None:
+            raise ValueError(f"unknown router {router!r}; choose one of {sorted(ROUTERS)}")
+        try:
+            return factory(**options)
+        except TypeError as error:
+            raise TypeError(f"router {router!r}: {error}") from None
+    if options:
+        raise TypeError(f"options {sorted(options)} apply only to a router given by name")
+    if not callable(getattr(router, "route", None)):
+        raise TypeError(
+            f"router {router!r} has no route(request, replicas) method; "
+            "it must implement simsim.cluster.Router"
+        )
+    return router

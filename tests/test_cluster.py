@@ -1,0 +1,381 @@
+"""simsim.cluster: replicas behind a router, one engine's surface, exact routing."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simsim
+from simsim.cluster import (
+    ROUTERS,
+    Cluster,
+    LeastKvCacheRouter,
+    LeastOutstandingRouter,
+    PowerOfTwoRouter,
+    PrefixAffinityRouter,
+    RandomRouter,
+    ReplicaSnapshot,
+    RoundRobinRouter,
+    WeightedRouter,
+    make_router,
+)
+
+COSTS = simsim.SimulatedBackendConfig(
+    prefill_base_us=1_000,
+    prefill_per_token_us=20,
+    prefill_per_active_sequence_us=0,
+    decode_base_us=5_000,
+    decode_per_active_sequence_us=100,
+)
+
+
+def batching(env: simsim.Environment, *, slots: int = 4, blocks: int = 64) -> simsim.BatchingEngine:
+    return simsim.BatchingEngine(
+        simsim.SimulatedBackend(COSTS),
+        max_active_requests=slots,
+        kv_cache=simsim.KvCacheConfig(16, blocks),
+        env=env,
+    )
+
+
+def single(env: simsim.Environment) -> simsim.SimulationEngine:
+    return simsim.SimulationEngine(simsim.SimulatedBackend(COSTS), env=env)
+
+
+def poisson(count: int, seed: int = 1, gap_us: int = 20_000) -> list[simsim.Request]:
+    rng = random.Random(seed)
+    now = 0
+    requests = []
+    for rid in range(count):
+        now += round(rng.expovariate(1 / gap_us))
+        requests.append(
+            simsim.Request(
+                rid,
+                arrival_time_us=now,
+                prompt_token_count=rng.randint(16, 512),
+                max_output_tokens=rng.randint(1, 32),
+            )
+        )
+    return requests
+
+
+def snapshot(index: int, queued: int = 0, running: int = 0, usage: float = 0.0) -> ReplicaSnapshot:
+    return ReplicaSnapshot(index, 0, queued, running, 4, usage)
+
+
+# ---------------------------------------------------------------------- one replica
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    count=st.integers(1, 60),
+    kind=st.sampled_from(["single", "fast", "batching"]),
+    cancel=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 400_000)), max_size=5),
+)
+def test_a_one_replica_cluster_runs_exactly_as_its_engine_alone(
+    seed: int, count: int, kind: str, cancel: list[tuple[int, int]]
+) -> None:
+    def build(env: simsim.Environment) -> simsim.SimulationEngine | simsim.BatchingEngine:
+        if kind == "single":
+            return single(env)
+        if kind == "fast":
+            return simsim.FastSimulationEngine(simsim.SimulatedBackend(COSTS), env=env)
+        return batching(env, blocks=48)
+
+    def drive(target: object, env: simsim.Environment) -> None:
+        for request in poisson(count, seed):
+            target.submit(request)  # type: ignore[attr-defined]
+        for rid, at in cancel:
+            if rid < count:
+
+                def stop(_: object, rid: int = rid) -> None:
+                    if not target.requests[rid].is_terminal:  # type: ignore[attr-defined]
+                        target.cancel_request(rid)  # type: ignore[attr-defined]
+
+                env.timeout(at).callbacks.append(stop)
+        env.drain()
+
+    env_alone = simsim.Environment()
+    alone = build(env_alone)
+    drive(alone, env_alone)
+    env = simsim.Environment()
+    cluster = Cluster([build(env)], "least_outstanding")
+    drive(cluster, env)
+    routed = cluster.requests_frame()
+    # only a request cancelled before it arrived is never routed
+    never = (routed["state"] == "CANCELLED") & (
+        routed["finish_time_us"] < routed["arrival_time_us"]
+    )
+    assert routed["replica"].isna().tolist() == never.tolist()
+    assert routed.drop(columns="replica").equals(alone.requests_frame())
+    assert cluster.events_frame().drop(columns="replica").equals(alone.events_frame())
+    assert cluster.admissions_frame().drop(columns="replica").equals(alone.admissions_frame())
+
+
+# ---------------------------------------------------------------------- routing
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_every_request_is_routed_exactly_once_and_runs(name: str) -> None:
+    env = simsim.Environment()
+    cluster = Cluster([batching(env) for _ in range(3)], name, refresh_interval_us=10_000)
+    for request in poisson(200, seed=3):
+        cluster.submit(request)
+    cluster.run()
+    routes = cluster.routes_frame()
+    assert sorted(routes["request_id"]) == list(range(200))
+    frame = cluster.requests_frame()
+    assert (frame["state"] == "FINISHED").all()
+    assert list(frame["replica"]) == [
+        dict(zip(routes["request_id"], routes["replica"], strict=True))[rid] for rid in range(200)
+    ]
+    # routed at the arrival time
+    arrivals = dict(zip(frame["request_id"], frame["arrival_time_us"], strict=True))
+    assert all(
+        arrivals[rid] == t
+        for rid, t in zip(routes["request_id"], routes["timestamp_us"], strict=True)
+    )
+    # each replica ran exactly the requests routed to it
+    for index, engine in enumerate(cluster.replicas):
+        assert sorted(engine.requests) == sorted(frame.loc[frame["replica"] == index, "request_id"])
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_routing_is_deterministic(name: str) -> None:
+    def once() -> list[int]:
+        env = simsim.Environment()
+        cluster = Cluster([batching(env) for _ in range(4)], name)
+        for request in poisson(150, seed=9):
+            cluster.submit(request)
+        cluster.run()
+        return list(cluster.routes_frame()["replica"])
+
+    assert once() == once()
+
+
+def test_round_robin_takes_turns() -> None:
+    router = RoundRobinRouter()
+    replicas = [snapshot(i) for i in range(3)]
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    assert [router.route(request, replicas) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_least_outstanding_and_its_tie_break() -> None:
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    router = LeastOutstandingRouter()
+    assert router.route(request, [snapshot(0, 2, 1), snapshot(1, 0, 2), snapshot(2, 1, 1)]) == 1
+    assert router.route(request, [snapshot(0, 1, 1), snapshot(1, 0, 2), snapshot(2, 2, 0)]) == 0
+
+
+def test_least_kv_cache_breaks_ties_by_load_then_index() -> None:
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    router = LeastKvCacheRouter()
+    replicas = [snapshot(0, 3, 1, 0.25), snapshot(1, 1, 1, 0.25), snapshot(2, 0, 0, 0.5)]
+    assert router.route(request, replicas) == 1
+
+
+def test_seeded_routers_repeat_with_their_seed() -> None:
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    replicas = [snapshot(i, queued=i) for i in range(5)]
+    for kind in (RandomRouter, PowerOfTwoRouter):
+        first = kind(seed=4)
+        second = kind(seed=4)
+        picks = [first.route(request, replicas) for _ in range(50)]
+        assert picks == [second.route(request, replicas) for _ in range(50)]
+        assert len(set(picks)) > 1
+
+
+def test_power_of_two_picks_the_less_loaded_of_its_two_draws() -> None:
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    replicas = [snapshot(i, queued=10 - i) for i in range(5)]
+    router = PowerOfTwoRouter(seed=1)
+    draws = random.Random(1)
+    for _ in range(30):
+        first, second = draws.sample(range(5), 2)
+        assert router.route(request, replicas) == max(first, second)
+
+
+def test_prefix_affinity_follows_the_longest_cached_prefix() -> None:
+    request = simsim.Request(
+        0, arrival_time_us=0, prompt_token_count=64, max_output_tokens=1, block_hashes=(1, 2, 3)
+    )
+
+    def holding(index: int, keys: set[int], queued: int) -> ReplicaSnapshot:
+        def lookup(hashes: object) -> int:
+            count = 0
+            for key in hashes:  # type: ignore[attr-defined]
+                if key not in keys:
+                    break
+                count += 1
+            return count
+
+        return ReplicaSnapshot(index, 0, queued, 0, 4, 0.0, lookup)
+
+    router = PrefixAffinityRouter()
+    assert (
+        router.route(request, [holding(0, {1}, 0), holding(1, {1, 2}, 5), holding(2, set(), 0)])
+        == 1
+    )
+    assert router.route(request, [holding(0, {1, 2}, 3), holding(1, {1, 2}, 2)]) == 1
+
+
+def test_weighted_router_sums_normalised_scores() -> None:
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    replicas = [snapshot(0, 4, 0, 0.1), snapshot(1, 0, 0, 0.9), snapshot(2, 2, 0, 0.3)]
+    # queue scores 0, 1, 0.5; kv scores 0.9, 0.1, 0.7: sums 0.9, 1.1, 1.2
+    assert WeightedRouter({"queue": 1.0}).route(request, replicas) == 1
+    assert WeightedRouter({"kv_cache": 1.0}).route(request, replicas) == 0
+    assert WeightedRouter({"queue": 1.0, "kv_cache": 1.0}).route(request, replicas) == 2
+    with pytest.raises(ValueError, match="unknown scorer 'load'"):
+        WeightedRouter({"load": 1.0})
+    with pytest.raises(ValueError, match="at least one weight"):
+        WeightedRouter({"queue": 0.0})
+
+
+def test_make_router_names_the_choices() -> None:
+    assert isinstance(make_router("power_of_two", seed=2), PowerOfTwoRouter)
+    with pytest.raises(ValueError, match="unknown router 'nearest'"):
+        make_router("nearest")
+    with pytest.raises(TypeError, match="no route"):
+        make_router(object())  # type: ignore[arg-type]
+
+
+def test_a_stale_snapshot_keeps_the_load_it_saw() -> None:
+    env = simsim.Environment()
+    cluster = Cluster(
+        [single(env) for _ in range(2)], "least_outstanding", refresh_interval_us=1_000_000
+    )
+    for rid in range(4):  # all at once: every decision reads the snapshot of the first
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
+        )
+    cluster.run()
+    assert list(cluster.routes_frame()["replica"]) == [0, 0, 0, 0]
+    env = simsim.Environment()
+    fresh = Cluster([single(env) for _ in range(2)], "least_outstanding")
+    for rid in range(4):
+        fresh.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
+        )
+    fresh.run()
+    assert list(fresh.routes_frame()["replica"]) == [0, 1, 0, 1]
+
+
+def test_a_router_answering_out_of_range_fails_the_cluster() -> None:
+    class Wrong:
+        def route(self, request: object, replicas: object) -> int:
+            return 7
+
+    env = simsim.Environment()
+    cluster = Cluster([single(env)], Wrong())
+    cluster.submit(simsim.Request(0, arrival_time_us=5, prompt_token_count=8, max_output_tokens=2))
+    with pytest.raises(ValueError, match="answered 7 for request 0"):
+        cluster.run()
+    assert cluster.failed
+    with pytest.raises(simsim.EngineFailedError):
+        cluster.requests_frame()
+
+
+# ---------------------------------------------------------------------- the surface
+
+
+def test_bad_clusters_are_refused() -> None:
+    env = simsim.Environment()
+    engine = single(env)
+    with pytest.raises(ValueError, match="at least one replica"):
+        Cluster([])
+    with pytest.raises(ValueError, match="another environment"):
+        Cluster([engine, single(simsim.Environment())])
+    with pytest.raises(ValueError, match="listed twice"):
+        Cluster([engine, engine])
+    used = single(env)
+    used.submit(simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1))
+    with pytest.raises(ValueError, match="already has 1 submitted"):
+        Cluster([used])
+
+
+def test_submit_checks_ids_and_every_replica() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([batching(env, blocks=64), batching(env, blocks=4)])
+    cluster.submit(simsim.Request(0, arrival_time_us=0, prompt_token_count=8, max_output_tokens=1))
+    with pytest.raises(ValueError, match="already submitted to this cluster"):
+        cluster.submit(
+            simsim.Request(0, arrival_time_us=0, prompt_token_count=8, max_output_tokens=1)
+        )
+    with pytest.raises(ValueError, match="replica 1: request 1 needs 7 KV blocks"):
+        cluster.submit(
+            simsim.Request(1, arrival_time_us=0, prompt_token_count=100, max_output_tokens=1)
+        )
+    assert list(cluster.requests) == [0]
+
+
+def test_cancel_before_routing_never_routes() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([single(env) for _ in range(2)])
+    cluster.submit(
+        simsim.Request(0, arrival_time_us=100, prompt_token_count=8, max_output_tokens=2)
+    )
+    cluster.submit(
+        simsim.Request(1, arrival_time_us=100, prompt_token_count=8, max_output_tokens=2)
+    )
+    done = cluster.completion(0)
+    cluster.cancel_request(0)
+    assert done.triggered
+    cluster.run()
+    frame = cluster.requests_frame()
+    assert list(frame["state"]) == ["CANCELLED", "FINISHED"]
+    assert frame["replica"].isna().tolist() == [True, False]
+    assert list(cluster.routes_frame()["request_id"]) == [1]
+    assert cluster.replica_of(1) == 0  # round robin's first turn
+    with pytest.raises(simsim.InvalidTransitionError):
+        cluster.cancel_request(0)
+    with pytest.raises(simsim.UnknownRequestError):
+        cluster.cancel_request(9)
+
+
+def test_simpy_processes_wait_on_the_cluster_as_on_an_engine() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([batching(env) for _ in range(2)], "least_outstanding")
+    seen: list[tuple[str, int, int]] = []
+
+    def client(rid: int) -> Generator[simpy.Event, object, None]:
+        yield env.timeout(rid * 1_000)
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=env.now, prompt_token_count=32, max_output_tokens=4)
+        )
+        first = yield cluster.first_token(rid)
+        seen.append(("first", rid, env.now))
+        assert first.first_token_time_us == env.now  # type: ignore[attr-defined]
+        done = yield cluster.completion(rid)
+        seen.append(("done", rid, env.now))
+        assert done.finish_time_us == env.now  # type: ignore[attr-defined]
+
+    for rid in range(6):
+        env.process(client(rid))
+    env.run()
+    frame = cluster.requests_frame().set_index("request_id")
+    assert len(seen) == 12
+    for what, rid, at in seen:
+        assert at == frame.loc[rid, "first_token_time_us" if what == "first" else "finish_time_us"]
+
+
+def test_waiters_made_before_routing_follow_the_request() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([single(env) for _ in range(2)])
+    for rid in range(2):
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=50, prompt_token_count=8, max_output_tokens=3)
+        )
+    events = {rid: (cluster.token(rid, 2), cluster.completion(rid)) for rid in range(2)}
+    cluster.run()
+    for rid, (token, done) in events.items():
+        request = cluster.requests[rid]
+        assert token.processed and token.value is request
+        assert done.processed and done.value is request
+    assert sorted(cluster.routes_frame()["replica"]) == [0, 1]
