@@ -19,7 +19,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, overload
 
 from simpy.events import PENDING, Event
 
@@ -65,15 +65,72 @@ def _frozen_lookup(keys: frozenset[Hashable]) -> Callable[[Sequence[Hashable]], 
     return lookup
 
 
+_Probe = tuple[
+    Callable[[], tuple[int, int, float]], int, Callable[[Sequence[Hashable]], int] | None
+]
+
+
+def _probe(engine: EngineBase) -> _Probe:
+    """How a snapshot reads *engine*: its load, its slot count, its prefix cache."""
+    cache = engine._pool if isinstance(engine, BatchingEngine) else None
+    return engine._load, engine.max_active_requests, None if cache is None else cache.match
+
+
+class _FreshSnapshots(Sequence[ReplicaSnapshot]):
+    """The replicas' snapshots for one decision, each taken when the router first reads
+    it (a router that reads two replicas pays for two)."""
+
+    __slots__ = ("_now", "_probes", "_taken")
+
+    def __init__(self, probes: list[_Probe], now: int) -> None:
+        self._probes = probes
+        self._now = now
+        self._taken: list[ReplicaSnapshot | None] = [None] * len(probes)
+
+    def __len__(self) -> int:
+        return len(self._probes)
+
+    @overload
+    def __getitem__(self, position: int) -> ReplicaSnapshot: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[ReplicaSnapshot]: ...
+
+    def __getitem__(self, position: int | slice) -> ReplicaSnapshot | Sequence[ReplicaSnapshot]:
+        if isinstance(position, slice):
+            return [self[i] for i in range(len(self._probes))[position]]
+        taken = self._taken[position]
+        if taken is None:
+            if position < 0:
+                position += len(self._probes)
+            load, slots, lookup = self._probes[position]
+            queued, running, usage = load()
+            taken = ReplicaSnapshot(position, self._now, queued, running, slots, usage, lookup)
+            self._taken[position] = taken
+        return taken
+
+    def __iter__(self) -> Iterator[ReplicaSnapshot]:
+        taken = self._taken
+        now = self._now
+        for position, (load, slots, lookup) in enumerate(self._probes):
+            snapshot = taken[position]
+            if snapshot is None:
+                queued, running, usage = load()
+                snapshot = ReplicaSnapshot(position, now, queued, running, slots, usage, lookup)
+                taken[position] = snapshot
+            yield snapshot
+
+
 class _RouterView:
     """A router, the replicas it chooses among, and the snapshots it last saw."""
 
-    __slots__ = ("pool", "router", "snapshot_time", "snapshots")
+    __slots__ = ("pool", "probes", "router", "snapshot_time", "snapshots")
 
     def __init__(self, router: Router, pool: tuple[int, ...]) -> None:
         self.router = router
         self.pool = pool  # indices in Cluster.replicas
-        self.snapshots: tuple[ReplicaSnapshot, ...] = ()
+        self.probes: list[_Probe] = []
+        self.snapshots: Sequence[ReplicaSnapshot] = ()
         self.snapshot_time = 0
 
 
@@ -139,6 +196,7 @@ class Cluster:
         self._replicas = replicas
         self._env = replicas[0].env
         self._front = front  # routes arrivals
+        front.probes = [_probe(replicas[index]) for index in front.pool]
         self._refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
         self._requests: dict[int, Request] = {}
         # request id -> index of the replica that holds it now (routed requests only)
@@ -349,7 +407,7 @@ class Cluster:
         snapshots = view.snapshots
         pool = view.pool
         if not snapshots or self._refresh_us == 0 or now >= view.snapshot_time + self._refresh_us:
-            snapshots = view.snapshots = self._take_snapshots(pool, now)
+            snapshots = view.snapshots = self._take_snapshots(view, now)
             view.snapshot_time = now
         try:
             choice = view.router.route(request, snapshots)
@@ -370,26 +428,18 @@ class Cluster:
         self._route_replicas.append(index)
         return index
 
-    def _take_snapshots(self, pool: tuple[int, ...], now: int) -> tuple[ReplicaSnapshot, ...]:
-        stale = self._refresh_us > 0
+    def _take_snapshots(self, view: _RouterView, now: int) -> Sequence[ReplicaSnapshot]:
+        if self._refresh_us == 0:
+            # Read within this decision only: each snapshot is taken when first read.
+            return _FreshSnapshots(view.probes, now)
         snapshots = []
-        for position, index in enumerate(pool):
-            engine = self._replicas[index]
-            lookup = None
-            cache = engine._pool if isinstance(engine, BatchingEngine) else None
-            if cache is not None:
-                lookup = _frozen_lookup(frozenset(cache._named)) if stale else cache.match
-            snapshots.append(
-                ReplicaSnapshot(
-                    position,
-                    now,
-                    len(engine._scheduler),
-                    engine._running_count(),
-                    engine.max_active_requests,
-                    engine.kv_cache_usage,
-                    *(() if lookup is None else (lookup,)),
-                )
-            )
+        for position, (load, slots, lookup) in enumerate(view.probes):
+            queued, running, usage = load()
+            if lookup is not None:  # the cache as it is now, not as it will be
+                engine = self._replicas[view.pool[position]]
+                assert isinstance(engine, BatchingEngine) and engine._pool is not None
+                lookup = _frozen_lookup(frozenset(engine._pool._named))
+            snapshots.append(ReplicaSnapshot(position, now, queued, running, slots, usage, lookup))
         return tuple(snapshots)
 
     def _hand_to(self, request: Request, index: int) -> None:

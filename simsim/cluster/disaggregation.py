@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from simsim.clock import check_count
-from simsim.cluster.cluster import Cluster, _RouterView
+from simsim.cluster.cluster import Cluster, _probe, _RouterView
 from simsim.cluster.routers import Router, make_router
 from simsim.engines.base import EngineBase
 from simsim.engines.batching import BatchingEngine
@@ -134,6 +134,7 @@ class DisaggregatedCluster(Cluster):
         count = len(prefill_pool)
         self._setup(replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us)
         self._back = _RouterView(back_router, tuple(range(count, len(replicas))))
+        self._back.probes = [_probe(replicas[index]) for index in self._back.pool]
         self._transfer = transfer
         self._prefill_replica: dict[int, int] = {}
         self._transfer_start: dict[int, int] = {}

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from simsim.clock import check_count
 
@@ -40,29 +39,25 @@ __all__ = [
 ]
 
 
-def _no_prefix(block_hashes: Sequence[Hashable]) -> int:
-    return 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSnapshot:
+class ReplicaSnapshot(NamedTuple):
     """What a router knows of one replica, as of :attr:`taken_at_us`.
 
+    ``replica`` is its position in the sequence the router is given (the answer that
+    chooses it).
     ``outstanding = queued + running``: requests routed to the replica that are not
     finished or cancelled (a request routed there arrives at once). ``kv_cache_usage``
     is the fraction of KV-cache blocks held, from 0 to 1 (a replica without a KV cache
-    reports the fraction of its slots held).
+    reports the fraction of its slots held). ``prefix_lookup`` answers
+    :meth:`cached_prefix_blocks` (``None``: the replica has no prefix cache).
     """
 
-    index: int
+    replica: int
     taken_at_us: int
     queued: int
     running: int
     max_active_requests: int
     kv_cache_usage: float
-    _prefix_lookup: Callable[[Sequence[Hashable]], int] = field(
-        default=_no_prefix, repr=False, compare=False
-    )
+    prefix_lookup: Callable[[Sequence[Hashable]], int] | None = None
 
     @property
     def outstanding(self) -> int:
@@ -72,9 +67,9 @@ class ReplicaSnapshot:
     def cached_prefix_blocks(self, block_hashes: Sequence[Hashable] | None) -> int:
         """How many of *block_hashes*, from the first, name blocks the replica's prefix
         cache held when the snapshot was taken (``0`` without a prefix cache)."""
-        if not block_hashes:
+        if not block_hashes or self.prefix_lookup is None:
             return 0
-        return self._prefix_lookup(block_hashes)
+        return self.prefix_lookup(block_hashes)
 
 
 @runtime_checkable
@@ -82,7 +77,7 @@ class Router(Protocol):
     """Chooses the replica for each arriving request."""
 
     def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
-        """The index of the replica that takes *request* (``replicas[i].index == i``)."""
+        """The position of the replica that takes *request* (``replicas[i].replica == i``)."""
         ...
 
 
@@ -90,9 +85,9 @@ def _least_loaded(candidates: Sequence[ReplicaSnapshot]) -> int:
     """The tie-break every router ends with: fewest outstanding, then lowest index."""
     best = candidates[0]
     for snapshot in candidates:
-        if (snapshot.outstanding, snapshot.index) < (best.outstanding, best.index):
+        if (snapshot.outstanding, snapshot.replica) < (best.outstanding, best.replica):
             best = snapshot
-    return best.index
+    return best.replica
 
 
 class RoundRobinRouter:

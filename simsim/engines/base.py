@@ -245,6 +245,12 @@ class EngineBase(ABC):
         self._check_alive()
         return self._running_count() / self.max_active_requests
 
+    def _load(self) -> tuple[int, int, float]:
+        """``(queued_count, running_count, kv_cache_usage)`` without the checks (for a
+        cluster's router)."""
+        running = self._running_count()
+        return len(self._scheduler), running, running / self.max_active_requests
+
     def _running_count(self) -> int:
         """How many requests hold a slot now (hook: this default counts the requests
         prefilling or decoding; the built-in servers answer from their slots)."""

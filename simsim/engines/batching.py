@@ -378,12 +378,16 @@ class BatchingEngine(EngineBase):
         """The fraction of KV-cache blocks held by requests (cached prefix blocks nobody
         holds do not count); without a KV cache, the fraction of slots held."""
         self._check_alive()
+        return self._load()[2]
+
+    def _load(self) -> tuple[int, int, float]:
+        running = len(self._slots)
         cache = self._kv_cache
         if cache is None:
-            return len(self._slots) / self._max_active_requests
+            return len(self._scheduler), running, running / self._max_active_requests
         pool = self._pool
         used = pool.used_blocks if pool is not None else cache.total_blocks - self._free_blocks
-        return used / cache.total_blocks
+        return len(self._scheduler), running, used / cache.total_blocks
 
     @engine_work
     def _on_iteration_end(self, event: _IterationEvent) -> None:
