@@ -191,3 +191,14 @@ def test_serve_openai_client_times_the_lone_requests_by_the_cost_model(
     assert (first["ttft_us"], first["e2e_latency_us"]) == (2_000 + 50 * 5 + 8_250, 43_500)
     assert (second["ttft_us"], second["e2e_latency_us"]) == (2_000 + 50 * 8 + 8_250, 35_400)
     assert "same request table: True" in capsys.readouterr().out
+
+
+def test_cluster_routing_prefix_affinity_keeps_the_cache_warm() -> None:
+    rows = load("cluster_routing").main()
+    assert rows["round_robin"]["busiest"] == rows["round_robin"]["idlest"]  # 1,200 / 8 each
+    for router in ("prefix_affinity", "weighted", "bounded_affinity"):
+        assert rows[router]["hit_rate"] > rows["round_robin"]["hit_rate"] + 0.4
+        assert rows[router]["ttft_ms_p99"] < rows["least_outstanding"]["ttft_ms_p99"]
+    # the load bound narrows the spread plain affinity leaves
+    spread = {name: rows[name]["busiest"] - rows[name]["idlest"] for name in rows}
+    assert spread["bounded_affinity"] < spread["prefix_affinity"]
