@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 import pytest
 import simpy
@@ -379,3 +379,57 @@ def test_waiters_made_before_routing_follow_the_request() -> None:
         assert token.processed and token.value is request
         assert done.processed and done.value is request
     assert sorted(cluster.routes_frame()["replica"]) == [0, 1]
+
+
+def cached(env: simsim.Environment) -> simsim.BatchingEngine:
+    return simsim.BatchingEngine(
+        simsim.SimulatedBackend(COSTS),
+        max_active_requests=4,
+        kv_cache=simsim.KvCacheConfig(16, 64),
+        prefix_cache=True,
+        env=env,
+    )
+
+
+def shared(rid: int, at: int) -> simsim.Request:
+    return simsim.Request(
+        rid, arrival_time_us=at, prompt_token_count=64, max_output_tokens=2, block_hashes=(1, 2, 3)
+    )
+
+
+def test_prefix_affinity_sends_a_shared_prompt_where_it_is_cached() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([cached(env) for _ in range(3)], "prefix_affinity")
+    cluster.submit(
+        simsim.Request(0, arrival_time_us=0, prompt_token_count=64, max_output_tokens=50)
+    )
+    cluster.submit(shared(1, 0))  # the least loaded replica is 1: replica 0 holds request 0
+    for rid in range(2, 6):
+        cluster.submit(shared(rid, 100_000 * rid))
+    cluster.run()
+    frame = cluster.requests_frame()
+    assert list(frame["replica"]) == [0, 1, 1, 1, 1, 1]
+    assert list(frame["cached_prompt_tokens"]) == [0, 0, 48, 48, 48, 48]
+
+
+@pytest.mark.parametrize(("refresh_us", "seen"), [(0, [0, 3, 3]), (250_000, [0, 0, 3])])
+def test_a_stale_snapshot_of_a_prefix_cache_keeps_the_blocks_it_saw(
+    refresh_us: int, seen: list[int]
+) -> None:
+    class Spy(PrefixAffinityRouter):
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def route(self, request: simsim.Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+            self.seen.append(replicas[0].cached_prefix_blocks(request.block_hashes))
+            return super().route(request, replicas)
+
+    env = simsim.Environment()
+    spy = Spy()
+    cluster = Cluster([cached(env) for _ in range(2)], spy, refresh_interval_us=refresh_us)
+    cluster.submit(shared(0, 0))  # to replica 0; finished and cached long before 100 ms
+    cluster.submit(shared(1, 100_000))  # a stale view still shows the empty cluster of 0
+    cluster.submit(shared(2, 300_000))  # refreshed
+    cluster.run()
+    assert spy.seen == seen
+    assert list(cluster.routes_frame()["timestamp_us"]) == [0, 100_000, 300_000]
