@@ -197,6 +197,17 @@ class Cluster:
         self._env = replicas[0].env
         self._front = front  # routes arrivals
         front.probes = [_probe(replicas[index]) for index in front.pool]
+        # What submit checks: each replica's own rule, once per distinct rule (replicas
+        # of one kind with one KV cache refuse the same requests).
+        self._admission_checks: list[tuple[int, Callable[[Request], None]]] = []
+        rules: set[object] = set()
+        for index, engine in enumerate(replicas):
+            if type(engine)._check_admissible is EngineBase._check_admissible:
+                continue  # accepts every request
+            rule = (type(engine), engine.kv_cache) if isinstance(engine, BatchingEngine) else index
+            if rule not in rules:
+                rules.add(rule)
+                self._admission_checks.append((index, engine._check_admissible))
         self._refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
         self._requests: dict[int, Request] = {}
         # request id -> index of the replica that holds it now (routed requests only)
@@ -293,9 +304,9 @@ class Cluster:
                 f"request {rid} arrives at {request.arrival_time_us} us, before the current "
                 f"time {now} us"
             )
-        for index, engine in enumerate(self._replicas):
+        for index, check in self._admission_checks:
             try:
-                engine._check_admissible(request)
+                check(request)
             except ValueError as error:
                 raise ValueError(f"replica {index}: {error}") from None
         self._arrivals.add(request)
