@@ -23,6 +23,7 @@ from test_disaggregation import LINK, pools
 import simsim
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.results import replica_summary, requests_frame
+from simsim.run_folder import read_run_folder, write_run_folder
 
 GOLDEN = Path(__file__).parent / "golden" / "summarize_without_replicas.json"
 
@@ -325,3 +326,35 @@ def test_disaggregated_pools_from_replicas_and_the_window() -> None:
         simsim.summarize(frame, replicas=4)
     with pytest.raises(ValueError, match="lacks \\['transfer_start_us'\\]"):
         simsim.summarize(frame.drop(columns="transfer_start_us"))
+
+
+# ---------------------------------------------------------------------- run folders
+
+
+def cluster_tables(cluster: Cluster) -> dict[str, pd.DataFrame]:
+    return {
+        "requests": cluster.requests_frame(),
+        "events": cluster.events_frame(),
+        "admissions": cluster.admissions_frame(),
+        "summary": simsim.summarize(cluster.requests_frame()).reset_index(),
+    }
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_cluster_tables_read_back_with_their_dtypes(tmp_path: Path, fmt: str) -> None:
+    plain = tiny_cluster()
+    split = disaggregated(prefill=2, decode=1)
+    for rid in range(4):
+        split.submit(simsim.Request(rid, rid * 1_000, 100, rid % 3))
+    split.submit(simsim.Request(9, 50_000, 10, 2))
+    split.cancel_request(9)  # never routed: <NA> in every replica column
+    split.run()
+    for cluster in (plain, split):
+        frames = cluster_tables(cluster)
+        if isinstance(cluster, DisaggregatedCluster):
+            frames["iterations"] = cluster.iterations_frame()
+            assert frames["requests"]["transfer_us"].isna().sum() == 3  # 0 outputs, cancelled
+        write_run_folder(tmp_path, frames, format=fmt)  # type: ignore[arg-type]
+        folder = read_run_folder(tmp_path)
+        for name, frame in frames.items():
+            pd.testing.assert_frame_equal(folder.table(name), frame, check_dtype=True)
