@@ -398,23 +398,43 @@ class _Pool:
         self.indices = indices
 
     def hold(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-        """Each request's ``[begin, end)`` on its replica in this pool (``Int64``; a
-        missing begin: it never held a place there; a missing end: it still does)."""
-        admit = requests["admit_time_us"].astype("Int64")
+        """Each request's ``[begin, end)`` holding a place on its replica in this pool
+        (``Int64``; a missing begin: it never held one there; a missing end: it still
+        does)."""
         finish = requests["finish_time_us"].astype("Int64")
         if self.name == "prefill":
-            # Held until the hand-off (its prefill's end) or, if it never left, its end.
-            handed = requests[_DECODE_COLUMN].notna()
-            handoff = requests["prefill_end_time_us"].astype("Int64")
-            # A recompute after a preemption on the decode replica moves prefill_end
-            # later; the transfer starts after the hand-off: the earlier is the nearer.
-            start = requests["transfer_start_us"].astype("Int64")
-            handoff = handoff.where((handoff <= start).fillna(True), start)
-            return admit, finish.where(~handed, handoff)
+            return requests["admit_time_us"].astype("Int64"), self._left(requests, finish)
         if self.name == "decode":
             # Admission on the decode replica starts the KV transfer.
             return requests["transfer_start_us"].astype("Int64"), finish
-        return admit, finish
+        return requests["admit_time_us"].astype("Int64"), finish
+
+    def outstanding(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Each request's ``[begin, end)`` on its replica in this pool, queued or held:
+        from its routing there (its arrival; for a decode replica, its hand-off) to its
+        end or hand-off (a missing end: it is still there)."""
+        finish = requests["finish_time_us"].astype("Int64")
+        arrival = requests["arrival_time_us"].astype("Int64")
+        if self.name == "prefill":
+            return arrival, self._left(requests, finish)
+        if self.name == "decode":
+            handed = requests[_DECODE_COLUMN].notna()
+            return self._handoff(requests).where(handed, pd.NA), finish
+        return arrival, finish
+
+    @staticmethod
+    def _handoff(requests: pd.DataFrame) -> pd.Series:
+        handoff = requests["prefill_end_time_us"].astype("Int64")
+        # A recompute after a preemption on the decode replica moves prefill_end later;
+        # the transfer starts after the hand-off: the earlier of the two is the nearer.
+        start = requests["transfer_start_us"].astype("Int64")
+        return handoff.where((handoff <= start).fillna(True), start)
+
+    def _left(self, requests: pd.DataFrame, finish: pd.Series) -> pd.Series:
+        """When a request left its prefill replica: the hand-off, or its end if it
+        never left (cancelled there, or a zero-output request finished there)."""
+        handed = requests[_DECODE_COLUMN].notna()
+        return finish.where(~handed, self._handoff(requests))
 
 
 def _replica_pools(requests: pd.DataFrame, replicas: object, *, required: bool) -> list[_Pool]:
