@@ -8,7 +8,11 @@ and writes:
 - ``timeline.png``: queue length and slot occupancy over simulated time, rebuilt from
   the requests table by :func:`occupancy_series`;
 - ``gantt.png``: one row per request (waiting, prefill, decoding; cancellations
-  marked), only for runs of at most :data:`GANTT_MAX_REQUESTS` requests.
+  marked; a disaggregated cluster's KV transfers), only for runs of at most
+  :data:`GANTT_MAX_REQUESTS` requests;
+- ``replica_load.png``: for a cluster's folder (a requests table with replica
+  columns), the requests on each replica over time, as a heat map (replica x time),
+  drawn by :func:`draw_replica_load`.
 
 :func:`plot_sweep` reads a sweep's folder and writes ``sweep_latency.png`` (TTFT, TPOT
 and end-to-end percentiles) and ``sweep_throughput.png``, against load, one line per
@@ -51,6 +55,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from simsim.results import _replica_pools
 from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import read_sweep_folder
@@ -60,17 +65,20 @@ __all__ = [
     "GANTT_MAX_REQUESTS",
     "ITERATIONS_BIN_AFTER",
     "ITERATION_WINDOWS",
+    "REPLICA_LOAD_WINDOWS",
     "FigureSpec",
     "SweepFolder",
     "draw_gantt",
     "draw_iterations",
     "draw_latency_cdf",
+    "draw_replica_load",
     "draw_sweep_latency",
     "draw_sweep_throughput",
     "draw_timeline",
     "occupancy_series",
     "plot_results",
     "plot_sweep",
+    "replica_load_series",
 ]
 
 GANTT_MAX_REQUESTS: Final = 60
@@ -88,6 +96,9 @@ ITERATIONS_BIN_AFTER: Final = 400
 ITERATION_WINDOWS: Final = 150
 """How many equal time windows the binned token panel uses."""
 
+REPLICA_LOAD_WINDOWS: Final = 200
+"""How many equal time windows the replica load heat map has."""
+
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
 
 MEASURED_NOTE: Final = "measured at the client by simsim replay, wall-clock times"
@@ -97,6 +108,7 @@ _WAIT_COLOR: Final = "#bdbdbd"
 _PREFILL_COLOR: Final = "#ff7f0e"
 _DECODE_COLOR: Final = "#1f77b4"
 _CANCEL_COLOR: Final = "#d62728"
+_TRANSFER_COLOR: Final = "#2ca02c"
 _DPI: Final = 120
 
 
@@ -158,6 +170,42 @@ def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
     if len(times) == 0:
         return pd.Series(np.zeros(0, np.int64), index=np.zeros(0, np.int64), dtype="int64")
     return pd.Series(steps, index=times, dtype="int64").groupby(level=0).sum()
+
+
+def replica_load_series(
+    requests: pd.DataFrame, end_us: int, windows: int = REPLICA_LOAD_WINDOWS
+) -> tuple[npt.NDArray[np.float64], list[tuple[str, range, npt.NDArray[np.float64]]]]:
+    """The time-weighted mean number of requests on each replica, per time window.
+
+    A request is *on* a replica from its routing there until it leaves: on a cluster's
+    replica from its arrival to its finish or cancellation (queued or running); on a
+    disaggregated cluster's prefill replica from its arrival to its hand-off (its
+    prefill's end; its end if it never left), and on its decode replica from the
+    hand-off to its end, queued, receiving its KV cache, or decoding. A request still
+    there at the end of the table stays counted.
+
+    Returns the *windows* + 1 window edges over ``[0, end_us]`` (``end_us > 0``) and,
+    per pool (``""`` for a cluster, ``"prefill"`` and ``"decode"`` for a disaggregated
+    one), its name, its replicas' indices and a (replicas x windows) array of means.
+    The replicas are those the table names, from index 0 to the highest.
+    """
+    edges = np.linspace(0.0, float(end_us), windows + 1)
+    pools = []
+    for pool in _replica_pools(requests, None, required=True):
+        begin, end = pool.outstanding(requests)
+        replica = requests[pool.column].astype("Int64")
+        on = (replica.notna() & begin.notna()).to_numpy(dtype=bool)
+        means = np.zeros((len(pool.indices), windows))
+        for row, index in enumerate(pool.indices):
+            mine = on & (replica == index).fillna(False).to_numpy(dtype=bool)
+            steps = _deltas(begin[mine], end[mine])
+            if len(steps) == 0:
+                continue
+            times = steps.index.to_numpy(dtype=np.int64)
+            counts = np.asarray(steps.cumsum().to_numpy(), dtype=np.int64)
+            means[row] = _windowed_mean(times, counts, end_us, windows)[1]
+        pools.append((pool.name, pool.indices, means))
+    return edges, pools
 
 
 # ---------------------------------------------------------------------- figures
@@ -434,6 +482,88 @@ def _windowed_mean(
     return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
 
 
+def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
+    """Requests on each replica of a cluster over simulated time.
+
+    Per pool (one for a cluster; prefill and decode for a disaggregated one), a heat
+    map of replica x time whose colour is the time-weighted mean number of requests on
+    the replica in each of :data:`REPLICA_LOAD_WINDOWS` equal windows (see
+    :func:`replica_load_series`), readable at 64 replicas and more, under a panel with
+    the least, mean and most loaded replica per window: the gap between the lines is
+    the imbalance. Drawn up to *end_us* (the run's end) or the table's last time.
+    """
+    end = max(_horizon_us(requests), end_us or 0)
+    scale, unit = _time_unit(end)
+    probe = _replica_pools(requests, None, required=True)
+    sizes = [max(1, len(pool.indices)) for pool in probe]
+    ratios = [r for size in sizes for r in (2.0, min(8.0, 1.5 + 0.12 * size))]
+    fig, axes = plt.subplots(
+        2 * len(probe),
+        1,
+        figsize=(11, 2.2 + 1.4 * sum(ratios)),
+        sharex=True,
+        layout="constrained",
+        height_ratios=ratios,
+        squeeze=False,
+    )
+    if end <= 0 or len(requests) == 0:
+        for ax in axes[:, 0]:
+            _no_data(ax, "no requests")
+        axes[-1, 0].set_xlabel(f"simulated time ({unit})")
+        fig.suptitle(f"Requests per replica ({SIMULATED_NOTE})")
+        return fig
+    edges, pools = replica_load_series(requests, end)
+    x = edges / scale
+    centers = (x[:-1] + x[1:]) / 2
+    for position, (name, indices, means) in enumerate(pools):
+        spread, heat = axes[2 * position, 0], axes[2 * position + 1, 0]
+        what = f"{name} replicas" if name else "replicas"
+        if len(indices) == 0:
+            _no_data(spread, f"no {what}")
+            _no_data(heat, f"no {what}")
+            continue
+        spread.fill_between(
+            centers,
+            means.min(axis=0),
+            means.max(axis=0),
+            step="mid",
+            color=_DECODE_COLOR,
+            alpha=0.25,
+            label="least to most loaded replica",
+        )
+        spread.step(centers, means.max(axis=0), where="mid", color=_DECODE_COLOR, linewidth=1)
+        spread.step(centers, means.min(axis=0), where="mid", color=_DECODE_COLOR, linewidth=1)
+        spread.step(
+            centers, means.mean(axis=0), where="mid", color="black", linewidth=1.2, label="mean"
+        )
+        spread.set_ylabel(f"requests per\nreplica ({name or 'all'})")
+        spread.set_ylim(0, max(1.0, float(means.max())) * 1.15)
+        spread.grid(True, alpha=0.3)
+        spread.legend(loc="upper right", fontsize="small", ncol=2)
+        image = heat.imshow(
+            means,
+            aspect="auto",
+            interpolation="nearest",
+            cmap="viridis",
+            vmin=0,
+            extent=(0.0, float(x[-1]), indices.stop - 0.5, indices.start - 0.5),
+        )
+        heat.set_ylabel(f"{name} replica" if name else "replica")
+        heat.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(indices), 16)))
+        bar = fig.colorbar(image, ax=heat, pad=0.01)
+        bar.set_label("requests (mean\nper window)", fontsize="small")
+    axes[-1, 0].set_xlim(0, float(x[-1]))
+    axes[-1, 0].set_xlabel(
+        f"simulated time ({unit}, {end / REPLICA_LOAD_WINDOWS / scale:.3g} {unit} windows)"
+    )
+    count = sum(len(indices) for _, indices, _ in pools)
+    fig.suptitle(
+        f"Requests on each of {count} replicas over time, {len(requests)} requests "
+        f"({SIMULATED_NOTE})"
+    )
+    return fig
+
+
 def draw_gantt(
     requests: pd.DataFrame, end_us: int | None = None, *, measured: bool = False
 ) -> Figure:
@@ -443,7 +573,9 @@ def draw_gantt(
     bars drawn to *end_us*, the run's end, or else to the table's last time, and a
     marker there. *measured* (a ``simsim replay`` folder): a client sees no admission
     or prefill end, so the bars are the time to the first token and the decoding after
-    it.
+    it. A disaggregated cluster's table (``transfer_start_us`` and ``transfer_end_us``)
+    adds, over the decoding bar, the wait on the decode replica (from the hand-off at
+    the prefill's end to the transfer's start) and the KV transfer itself.
     """
     if measured:
         requests = requests.assign(
@@ -461,20 +593,27 @@ def draw_gantt(
     failed_x: list[float] = []
     failed_y: list[int] = []
     unfinished_y: list[int] = []
+    transfers = not measured and {"transfer_start_us", "transfer_end_us"} <= set(ordered)
+    nothing: list[int | None] = [None] * n
     columns = zip(
         ordered["arrival_time_us"].astype("Int64").tolist(),
         _optional_ints(ordered["admit_time_us"]),
         _optional_ints(ordered["prefill_end_time_us"]),
         _optional_ints(ordered["finish_time_us"]),
         ordered["state"].astype(str).tolist(),
+        _optional_ints(ordered["transfer_start_us"]) if transfers else nothing,
+        _optional_ints(ordered["transfer_end_us"]) if transfers else nothing,
         strict=True,
     )
-    for row, (arrival, admit, prefill_end, finish, state) in enumerate(columns):
+    for row, (arrival, admit, prefill_end, finish, state, moved, landed) in enumerate(columns):
         stop = horizon if finish is None else finish
         segments: list[tuple[int | None, int | None, str]] = [
             (arrival, admit if admit is not None else stop, _WAIT_COLOR),
             (admit, prefill_end if prefill_end is not None else stop, _PREFILL_COLOR),
             (prefill_end, stop, _DECODE_COLOR),
+            # Drawn over the decoding bar: queued on the decode replica, then the transfer.
+            (prefill_end, moved, _WAIT_COLOR),
+            (moved, landed, _TRANSFER_COLOR),
         ]
         for begin, until, color in segments:
             if begin is None or until is None or until <= begin:
@@ -526,9 +665,19 @@ def draw_gantt(
                 ]
                 if measured
                 else [
-                    Patch(color=_WAIT_COLOR, label="waiting (arrival to admission)"),
+                    Patch(
+                        color=_WAIT_COLOR,
+                        label="waiting for admission (on either replica)"
+                        if transfers
+                        else "waiting (arrival to admission)",
+                    ),
                     Patch(color=_PREFILL_COLOR, label="prefill (admission to prefill end)"),
                     Patch(color=_DECODE_COLOR, label="decoding (prefill end to finish)"),
+                    *(
+                        [Patch(color=_TRANSFER_COLOR, label="KV transfer to the decode replica")]
+                        if transfers
+                        else []
+                    ),
                 ]
             ),
             Line2D([], [], marker="x", linestyle="none", color=_CANCEL_COLOR, label="cancelled"),
@@ -580,6 +729,14 @@ def _gantt_if_small(results: RunFolder) -> Figure | None:
     return draw_gantt(requests, end, measured=results.measured)
 
 
+def _replica_load_if_cluster(results: RunFolder) -> Figure | None:
+    requests = results.requests()
+    if not _replica_pools(requests, None, required=False):
+        return None
+    end_us = results.manifest.get("end_us")
+    return draw_replica_load(requests, end_us if isinstance(end_us, int) else None)
+
+
 FIGURES: Final[Sequence[FigureSpec]] = (
     FigureSpec(
         "latency_cdf.png",
@@ -596,6 +753,7 @@ FIGURES: Final[Sequence[FigureSpec]] = (
             draw_iterations(results.table("iterations")) if results.has("iterations") else None
         ),
     ),
+    FigureSpec("replica_load.png", _replica_load_if_cluster),
 )
 """The figures of :func:`plot_results`, in the order they are written and listed."""
 

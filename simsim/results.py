@@ -10,6 +10,10 @@ Derived latency columns (all in microseconds, from the request's own timestamps)
 - ``ttft_us`` = first token - arrival (requests that produced a token);
 - ``e2e_latency_us`` = finish - arrival (``FINISHED`` requests only);
 - ``tpot_us`` = (finish - first token) / (tokens - 1) (``FINISHED`` with 2+ tokens).
+
+A cluster's frame (:meth:`simsim.Cluster.requests_frame`) also names each request's
+replica; :func:`summarize` then adds load-balance rows and :func:`replica_summary`
+gives one row per replica (``docs/cluster.md``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "events_frame",
     "iterations_frame",
     "percentile_label",
+    "replica_summary",
     "requests_frame",
     "summarize",
 ]
@@ -141,6 +146,7 @@ def summarize(
     slots: int | None = None,
     warmup_us: int | None = None,
     until_us: int | None = None,
+    replicas: int | tuple[int, int] | None = None,
 ) -> pd.DataFrame:
     """Summarise a :func:`requests_frame`: one row per metric, in a ``value`` column.
 
@@ -192,6 +198,21 @@ def summarize(
     a prefix cache) adds ``prefix_cache_hit_rate_tokens`` (prompt tokens served from the
     cache over all prompt tokens) and ``prefix_cache_hit_rate_requests`` (the fraction
     of requests that were served any), over the window's requests.
+
+    **Load balance** (a cluster's frame: a ``replica`` column, or ``prefill_replica``
+    and ``decode_replica`` for disaggregated prefill and decode) adds, last, the rows
+    ``replicas`` (how many), ``replica_requests_min`` and ``_max`` (requests routed to
+    a replica, among the window's requests), ``replica_load_imbalance`` (the maximum
+    over the mean of those counts: 1 is perfect balance), and
+    ``replica_utilization_min``, ``_mean``, ``_max`` and ``_spread`` (max - min), where
+    a replica's utilisation is the fraction of the window in which it held at least one
+    request (see :func:`replica_summary`). A disaggregated frame gets these rows once
+    per pool, named with ``prefill_`` and ``decode_`` in front (``prefill_replicas``,
+    ``decode_replica_utilization_spread``...). *replicas* says how many replicas there
+    are (for a disaggregated frame, a pair: prefill count, decode count), so that a
+    replica that received no request counts; by default the highest replica index in
+    the frame decides. A frame without these columns gets none of these rows and
+    *replicas* must be ``None``.
     """
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
@@ -202,6 +223,7 @@ def summarize(
         ttft_slo_us = _non_negative_real(ttft_slo_us, "ttft_slo_us")
     if tpot_slo_us is not None:
         tpot_slo_us = _non_negative_real(tpot_slo_us, "tpot_slo_us")
+    pools = _replica_pools(requests, replicas, required=False)
     start_us, end_us, selected = _window(requests, warmup_us, until_us)
     metrics: dict[str, float] = {"requests": float(len(selected))}
     states = selected["state"].astype(str)
@@ -244,6 +266,8 @@ def summarize(
         metrics["prefix_cache_hit_rate_requests"] = (
             float((cached > 0).sum()) / total if total else math.nan
         )
+    if pools:
+        metrics.update(_balance(requests, selected, start_us, end_us, pools))
     frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
     frame.index.name = "metric"
     return frame
@@ -350,3 +374,293 @@ def _overlap(begin: np.ndarray, end: np.ndarray, length: float) -> float:
     """Total length of the intervals ``[begin, end)`` inside ``[0, length)``."""
     lengths = np.minimum(end, length) - np.maximum(begin, 0.0)
     return float(np.clip(lengths, 0.0, None).sum())
+
+
+# ---------------------------------------------------------------------- clusters
+
+_REPLICA_COLUMN = "replica"
+_PREFILL_COLUMN = "prefill_replica"
+_DECODE_COLUMN = "decode_replica"
+
+
+class _Pool:
+    """Replicas whose requests a frame names in one column, and how each holds them.
+
+    ``name`` is ``""`` for a cluster's replicas, ``"prefill"`` or ``"decode"`` for a
+    disaggregated cluster's pools; ``indices`` are the replicas' indices in the cluster.
+    """
+
+    __slots__ = ("column", "indices", "name")
+
+    def __init__(self, name: str, column: str, indices: range) -> None:
+        self.name = name
+        self.column = column
+        self.indices = indices
+
+    def hold(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Each request's ``[begin, end)`` holding a place on its replica in this pool
+        (``Int64``; a missing begin: it never held one there; a missing end: it still
+        does)."""
+        finish = requests["finish_time_us"].astype("Int64")
+        if self.name == "prefill":
+            return requests["admit_time_us"].astype("Int64"), self._left(requests, finish)
+        if self.name == "decode":
+            # Admission on the decode replica starts the KV transfer.
+            return requests["transfer_start_us"].astype("Int64"), finish
+        return requests["admit_time_us"].astype("Int64"), finish
+
+    def outstanding(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Each request's ``[begin, end)`` on its replica in this pool, queued or held:
+        from its routing there (its arrival; for a decode replica, its hand-off) to its
+        end or hand-off (a missing end: it is still there)."""
+        finish = requests["finish_time_us"].astype("Int64")
+        arrival = requests["arrival_time_us"].astype("Int64")
+        if self.name == "prefill":
+            return arrival, self._left(requests, finish)
+        if self.name == "decode":
+            handed = requests[_DECODE_COLUMN].notna()
+            return self._handoff(requests).where(handed, pd.NA), finish
+        return arrival, finish
+
+    @staticmethod
+    def _handoff(requests: pd.DataFrame) -> pd.Series:
+        handoff = requests["prefill_end_time_us"].astype("Int64")
+        # A recompute after a preemption on the decode replica moves prefill_end later;
+        # the transfer starts after the hand-off: the earlier of the two is the nearer.
+        start = requests["transfer_start_us"].astype("Int64")
+        return handoff.where((handoff <= start).fillna(True), start)
+
+    def _left(self, requests: pd.DataFrame, finish: pd.Series) -> pd.Series:
+        """When a request left its prefill replica: the hand-off, or its end if it
+        never left (cancelled there, or a zero-output request finished there)."""
+        handed = requests[_DECODE_COLUMN].notna()
+        return finish.where(~handed, self._handoff(requests))
+
+
+def _replica_pools(requests: pd.DataFrame, replicas: object, *, required: bool) -> list[_Pool]:
+    """The frame's pools (none for a frame without replica columns), checked."""
+    columns = requests.columns
+    if _PREFILL_COLUMN in columns or _DECODE_COLUMN in columns:
+        lacking = [
+            c for c in (_PREFILL_COLUMN, _DECODE_COLUMN, "transfer_start_us") if c not in columns
+        ]
+        if lacking:
+            raise ValueError(
+                f"a disaggregated requests frame has {_PREFILL_COLUMN!r}, {_DECODE_COLUMN!r} "
+                f"and 'transfer_start_us'; this one lacks {lacking}"
+            )
+        prefill = _indices(requests[_PREFILL_COLUMN], _PREFILL_COLUMN)
+        decode = _indices(requests[_DECODE_COLUMN], _DECODE_COLUMN)
+        if replicas is None:
+            prefill_count = int(decode.min()) if len(decode) else _count_of(prefill)
+            decode_count = int(decode.max()) + 1 - prefill_count if len(decode) else 0
+        elif (
+            isinstance(replicas, tuple)
+            and len(replicas) == 2
+            and all(type(n) is int and n >= 1 for n in replicas)
+        ):
+            prefill_count, decode_count = replicas
+        else:
+            raise ValueError(
+                f"replicas must be a pair of ints >= 1 (prefill count, decode count) for "
+                f"a disaggregated requests frame, got {replicas!r}"
+            )
+        pools = [
+            _Pool("prefill", _PREFILL_COLUMN, range(prefill_count)),
+            _Pool("decode", _DECODE_COLUMN, range(prefill_count, prefill_count + decode_count)),
+        ]
+    elif _REPLICA_COLUMN in columns:
+        seen = _indices(requests[_REPLICA_COLUMN], _REPLICA_COLUMN)
+        if replicas is None:
+            count = _count_of(seen)
+        elif type(replicas) is int and replicas >= 1:
+            count = replicas
+        else:
+            raise ValueError(
+                f"replicas must be an int >= 1 (the cluster's replica count), got {replicas!r}"
+            )
+        pools = [_Pool("", _REPLICA_COLUMN, range(count))]
+    elif replicas is not None or required:
+        raise ValueError(
+            f"the requests frame has no replica column ({_REPLICA_COLUMN!r}, or "
+            f"{_PREFILL_COLUMN!r} and {_DECODE_COLUMN!r}): it is not a cluster's "
+            "requests_frame()"
+            + ("" if replicas is None else f", so replicas={replicas!r} does not apply")
+        )
+    else:
+        return []
+    for pool in pools:
+        seen = _indices(requests[pool.column], pool.column)
+        outside = sorted({int(i) for i in seen if int(i) not in pool.indices})
+        if outside:
+            raise ValueError(
+                f"{pool.column} holds {outside}, outside the replicas "
+                f"{pool.indices.start}..{pool.indices.stop - 1} that replicas={replicas!r} "
+                "gives; pass the cluster's replica counts"
+            )
+    return pools
+
+
+def _indices(column: pd.Series, name: str) -> np.ndarray:
+    values = column.dropna()
+    try:
+        indices = values.astype("int64").to_numpy()
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must hold replica indices (ints), got {column.dtype}") from None
+    if len(indices) and (indices.min() < 0 or not np.array_equal(indices, values.to_numpy())):
+        raise ValueError(f"{name} must hold replica indices (ints >= 0)")
+    return indices
+
+
+def _count_of(indices: np.ndarray) -> int:
+    return int(indices.max()) + 1 if len(indices) else 0
+
+
+def _busy_length(begin: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of the intervals ``[begin, end)`` (already clipped)."""
+    keep = end > begin
+    begin, end = begin[keep], end[keep]
+    if not len(begin):
+        return 0.0
+    order = np.argsort(begin, kind="stable")
+    begin, end = begin[order], end[order]
+    # An interval adds what lies past every earlier one's end (their union's right edge).
+    reach = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+    return float(np.clip(end - np.maximum(begin, reach), 0.0, None).sum())
+
+
+def _utilizations(
+    requests: pd.DataFrame, pool: _Pool, start: int | None, end: int | None
+) -> np.ndarray:
+    """Per replica of *pool*, the fraction of ``[start, end)`` it held a request."""
+    if start is None or end is None or end <= start:
+        return np.full(len(pool.indices), np.nan)
+    length = float(end - start)
+    begin_column, end_column = pool.hold(requests)
+    begin = _relative(begin_column, start, math.nan)
+    finish = _relative(end_column, start, length)
+    replica = requests[pool.column].astype("Int64").to_numpy(dtype="float64", na_value=np.nan)
+    held = ~np.isnan(begin) & ~np.isnan(replica)
+    begin = np.clip(begin[held], 0.0, length)
+    finish = np.clip(finish[held], 0.0, length)
+    replica = replica[held]
+    busy = [
+        _busy_length(begin[replica == index], finish[replica == index]) for index in pool.indices
+    ]
+    return np.asarray(busy, dtype="float64") / length
+
+
+def _per_replica(
+    requests: pd.DataFrame,
+    selected: pd.DataFrame,
+    start: int | None,
+    end: int | None,
+    pool: _Pool,
+) -> pd.DataFrame:
+    """One row per replica of *pool*: the columns :func:`replica_summary` documents."""
+    index = pd.Index(pool.indices, dtype="int64", name="replica")
+    groups = selected.groupby(selected[pool.column].astype("Int64"))
+    data: dict[str, Any] = {
+        "requests": groups.size().reindex(index, fill_value=0).astype("int64"),
+        "finished": groups["state"]
+        .agg(lambda s: int((s.astype(str) == _FINISHED.name).sum()))
+        .reindex(index, fill_value=0)
+        .astype("int64"),
+        "prompt_tokens": groups["prompt_token_count"].sum().reindex(index, fill_value=0),
+        "generated_tokens": groups["generated_token_count"].sum().reindex(index, fill_value=0),
+        "utilization": pd.Series(_utilizations(requests, pool, start, end), index=index),
+    }
+    for column in ("ttft_us", "e2e_latency_us"):
+        values = selected[column].astype("Float64").astype("float64")
+        by_replica = values.groupby(selected[pool.column].astype("Int64"))
+        data[f"{column}_mean"] = by_replica.mean().reindex(index)
+        data[f"{column}_p99"] = by_replica.quantile(0.99).reindex(index)
+    frame = pd.DataFrame(data, index=index)
+    for column in ("prompt_tokens", "generated_tokens"):
+        frame[column] = frame[column].astype("int64")
+    for column in ("utilization", "ttft_us_mean", "ttft_us_p99"):
+        frame[column] = frame[column].astype("float64")
+    for column in ("e2e_latency_us_mean", "e2e_latency_us_p99"):
+        frame[column] = frame[column].astype("float64")
+    return frame.reset_index()
+
+
+def _balance(
+    requests: pd.DataFrame,
+    selected: pd.DataFrame,
+    start: int | None,
+    end: int | None,
+    pools: list[_Pool],
+) -> dict[str, float]:
+    """The load-balance rows of :func:`summarize`, per pool."""
+    metrics: dict[str, float] = {}
+    for pool in pools:
+        table = _per_replica(requests, selected, start, end, pool)
+        prefix = f"{pool.name}_" if pool.name else ""
+        counts = table["requests"].to_numpy(dtype="float64")
+        busy = table["utilization"].to_numpy(dtype="float64")
+        some = len(table) > 0
+        mean_count = float(counts.mean()) if some else math.nan
+        known = some and not np.isnan(busy).any()
+        metrics[f"{prefix}replicas"] = float(len(table))
+        metrics[f"{prefix}replica_requests_min"] = float(counts.min()) if some else math.nan
+        metrics[f"{prefix}replica_requests_max"] = float(counts.max()) if some else math.nan
+        metrics[f"{prefix}replica_load_imbalance"] = (
+            float(counts.max()) / mean_count if some and mean_count > 0 else math.nan
+        )
+        low = float(busy.min()) if known else math.nan
+        high = float(busy.max()) if known else math.nan
+        metrics[f"{prefix}replica_utilization_min"] = low
+        metrics[f"{prefix}replica_utilization_mean"] = float(busy.mean()) if known else math.nan
+        metrics[f"{prefix}replica_utilization_max"] = high
+        metrics[f"{prefix}replica_utilization_spread"] = high - low
+    return metrics
+
+
+def replica_summary(
+    requests: pd.DataFrame,
+    *,
+    replicas: int | tuple[int, int] | None = None,
+    warmup_us: int | None = None,
+    until_us: int | None = None,
+) -> pd.DataFrame:
+    """One row per replica of a cluster's :meth:`~simsim.Cluster.requests_frame`.
+
+    Columns: ``replica`` (its index in the cluster; a disaggregated frame first has
+    ``pool``, ``"prefill"`` or ``"decode"``), then, over the requests routed to it
+    among those that arrived in the window: ``requests``, ``finished`` (how many of
+    them finished, wherever), ``prompt_tokens`` and ``generated_tokens`` (their
+    sums), ``utilization``, and ``ttft_us_mean``, ``ttft_us_p99``,
+    ``e2e_latency_us_mean`` and ``e2e_latency_us_p99`` (linear interpolation, over the
+    requests that have the value; ``NaN`` when none does).
+
+    ``utilization`` is the fraction of the window in which the replica held at least
+    one request: the length of the union of its requests' holding intervals inside the
+    window, over the window's length (every request counts for the part of its interval
+    inside the window, whether it arrived in the window or not). A request holds its
+    replica over ``[admit, end)``, *end* being its finish or cancellation (a request
+    still running when the frame was taken: the window's end). Disaggregated: a
+    prefill replica holds a request over ``[admit, hand-off)``, the hand-off being its
+    prefill's end (or ``[admit, end)`` if it never left: cancelled there, or a
+    zero-output request that finished there), and a decode replica over
+    ``[transfer start, end)``: from its admission there, which starts the KV transfer,
+    to its end. A request whose transfer never completed (cancelled, or preempted,
+    during it) has no ``transfer_start_us`` in the frame and counts for no decode
+    replica. As in :func:`summarize`'s occupancy, a preempted request counts as held
+    from its first admission on the replica to its end.
+
+    The window and *replicas* are :func:`summarize`'s. ``ValueError`` for a frame
+    without replica columns.
+    """
+    missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
+    if missing:
+        raise ValueError(f"replica_summary needs a requests_frame(); missing columns {missing}")
+    pools = _replica_pools(requests, replicas, required=True)
+    start_us, end_us, selected = _window(requests, warmup_us, until_us)
+    tables = []
+    for pool in pools:
+        table = _per_replica(requests, selected, start_us, end_us, pool)
+        if pool.name:
+            table.insert(0, "pool", pd.Series(pool.name, index=table.index, dtype="str"))
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]

@@ -5,7 +5,9 @@ format (CSV or parquet), and ``run.json``, the folder's manifest: the format, th
 tables it holds, the scenario, the seed and the simsim version. ``simsim replay``
 writes a *measured* folder the same way: the requests a real server answered (the
 simulation's columns, then :data:`MEASURED_REQUEST_DTYPES`' columns), a ``tokens``
-table (:data:`MEASURED_TABLES`) and a manifest with a ``measured`` key. :func:`read_run_folder`
+table (:data:`MEASURED_TABLES`) and a manifest with a ``measured`` key. A cluster's
+tables carry replica columns (:data:`CLUSTER_REQUEST_DTYPES`, and ``replica`` in the
+events, admissions and iterations tables). :func:`read_run_folder`
 reads them back with the dtypes the frames had (CSV keeps none: ``Int64`` times would
 come back as floats), so ``simsim plot`` and a user's own notebook see the tables the
 run produced. Nothing here draws or runs anything.
@@ -27,6 +29,7 @@ from simsim.records import ITERATION_COLUMNS
 from simsim.results import REQUEST_COLUMNS, requests_frame
 
 __all__ = [
+    "CLUSTER_REQUEST_DTYPES",
     "FOLDER_TABLES",
     "FORMATS",
     "MANIFEST",
@@ -72,13 +75,36 @@ MEASURED_REQUEST_DTYPES: Final[Mapping[str, str]] = {
 """The columns a measured requests table appends to the simulation's, with their dtypes
 (``docs/fidelity.md`` says what each holds)."""
 
+CLUSTER_REQUEST_DTYPES: Final[Mapping[str, str]] = {
+    "replica": "Int64",
+    "prefill_replica": "Int64",
+    "decode_replica": "Int64",
+    "transfer_start_us": "Int64",
+    "transfer_end_us": "Int64",
+    "transfer_us": "Int64",
+}
+"""The columns a cluster's requests table appends (``simsim.Cluster.requests_frame``,
+``simsim.DisaggregatedCluster.requests_frame``), with their dtypes: ``<NA>`` where a
+request never reached a replica or its KV transfer never completed."""
+
 _MANIFEST_KEYS: Final = ("format", "tables", "scenario", "seed", "end_us", "simsim_version")
 
 # The dtypes CSV loses, per table; columns not listed are read as pandas infers them.
 _INT64 = "Int64"
 _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
-    "events": {"timestamp_us": _INT64, "sequence": "int64", "request_id": "int64"},
-    "admissions": {"timestamp_us": _INT64, "request_id": "int64", "epoch": "int64"},
+    # A cluster's events, admissions and iterations add the replica's index.
+    "events": {
+        "timestamp_us": _INT64,
+        "sequence": "int64",
+        "request_id": "int64",
+        "replica": "int64",
+    },
+    "admissions": {
+        "timestamp_us": _INT64,
+        "request_id": "int64",
+        "epoch": "int64",
+        "replica": "int64",
+    },
     "iterations": {
         **{name: _INT64 for name in ("start_us", "end_us")},
         **{
@@ -87,6 +113,7 @@ _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
             if name not in ("start_us", "end_us", "abandoned")
         },
         "abandoned": "bool",
+        "replica": "int64",
     },
     "summary": {"value": "float64"},
     "tokens": {"request_id": "int64", "token_index": "int64", "time_us": _INT64},
@@ -96,7 +123,7 @@ _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
 def _dtypes(name: str) -> Mapping[str, str]:
     if name == "requests":
         simulated = {str(column): str(dtype) for column, dtype in requests_frame([]).dtypes.items()}
-        return {**simulated, **MEASURED_REQUEST_DTYPES}
+        return {**simulated, **MEASURED_REQUEST_DTYPES, **CLUSTER_REQUEST_DTYPES}
     return _TABLE_DTYPES.get(name, {})
 
 
