@@ -405,8 +405,8 @@ class _Pool:
         if self.name == "prefill":
             return requests["admit_time_us"].astype("Int64"), self._left(requests, finish)
         if self.name == "decode":
-            # Admission on the decode replica starts the KV transfer.
-            return requests["transfer_start_us"].astype("Int64"), finish
+            # Admission on the decode replica reserves its blocks and starts the transfer.
+            return _decode_admission(requests), finish
         return requests["admit_time_us"].astype("Int64"), finish
 
     def outstanding(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -424,6 +424,8 @@ class _Pool:
 
     @staticmethod
     def _handoff(requests: pd.DataFrame) -> pd.Series:
+        if "handoff_time_us" in requests.columns:
+            return requests["handoff_time_us"].astype("Int64")
         handoff = requests["prefill_end_time_us"].astype("Int64")
         # A recompute after a preemption on the decode replica moves prefill_end later;
         # the transfer starts after the hand-off: the earlier of the two is the nearer.
@@ -435,6 +437,14 @@ class _Pool:
         never left (cancelled there, or a zero-output request finished there)."""
         handed = requests[_DECODE_COLUMN].notna()
         return finish.where(~handed, self._handoff(requests))
+
+
+def _decode_admission(requests: pd.DataFrame) -> pd.Series:
+    """When each request was first admitted on its decode replica (the start of its
+    transfer; a frame written before ``decode_admit_time_us`` existed: the start of the
+    transfer that completed)."""
+    column = "decode_admit_time_us"
+    return requests[column if column in requests.columns else "transfer_start_us"].astype("Int64")
 
 
 def _replica_pools(requests: pd.DataFrame, replicas: object, *, required: bool) -> list[_Pool]:

@@ -79,6 +79,8 @@ CLUSTER_REQUEST_DTYPES: Final[Mapping[str, str]] = {
     "replica": "Int64",
     "prefill_replica": "Int64",
     "decode_replica": "Int64",
+    "handoff_time_us": "Int64",
+    "decode_admit_time_us": "Int64",
     "transfer_start_us": "Int64",
     "transfer_end_us": "Int64",
     "transfer_us": "Int64",

@@ -173,3 +173,32 @@ def test_pools_must_be_batching_engines() -> None:
         DisaggregatedCluster(
             prefill, [simsim.SimulationEngine(simsim.SimulatedBackend(COSTS), env=env)], LINK
         )
+
+
+def test_a_transfer_cancelled_midway_still_held_the_decode_replica() -> None:
+    env, prefill, _ = pools()
+    small = simsim.BatchingEngine(
+        simsim.SimulatedBackend(COSTS),
+        max_active_requests=1,
+        kv_cache=simsim.KvCacheConfig(16, 64),
+        env=env,
+    )
+    cluster = DisaggregatedCluster(prefill, [small], LINK)
+    for rid in range(3):
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=100, max_output_tokens=2)
+        )
+    env.timeout(7_500).callbacks.append(
+        lambda _: (cluster.cancel_request(0), cluster.cancel_request(1))
+    )
+    cluster.run()
+    frame = cluster.requests_frame().set_index("request_id")
+    assert list(frame["handoff_time_us"]) == [7_000, 7_000, 7_000]
+    # request 0 was admitted (its transfer started) at 7,000; request 1 never was
+    assert frame["decode_admit_time_us"].tolist()[:2] == [7_000, pd_na()]
+    assert frame.loc[2, "decode_admit_time_us"] == 7_500
+    # the decode replica held request 0 over [7,000, 7,500), then request 2 over
+    # [7,500, 19,200): busy 12,200 of the 19,200 us window
+    summary = simsim.summarize(cluster.requests_frame(), replicas=(1, 1))["value"]
+    assert summary["decode_replica_utilization_max"] == pytest.approx(12_200 / 19_200)
+    assert frame.loc[2, "finish_time_us"] == 19_200

@@ -138,6 +138,8 @@ class DisaggregatedCluster(Cluster):
         self._transfer = transfer
         self._prefill_replica: dict[int, int] = {}
         self._transfer_start: dict[int, int] = {}
+        self._handoff_time: dict[int, int] = {}  # when it left its prefill replica
+        self._decode_admit: dict[int, int] = {}  # its first admission on a decode replica
         self._transfer_end: dict[int, int] = {}
         self._transfer_times: array[int] = array("q")
         self._transfer_ids: array[int] = array("q")
@@ -178,6 +180,7 @@ class DisaggregatedCluster(Cluster):
         rid = request.request_id
         source = self._holder[rid]
         self._prefill_replica[rid] = source
+        self._handoff_time[rid] = now_us
         index = self._route(request, self._back)
         self._hand_to(request, index)
         engine = self._replicas[index]
@@ -186,6 +189,7 @@ class DisaggregatedCluster(Cluster):
 
     def _transfer_started(self, request_id: int, now_us: int, duration_us: int) -> None:
         self._transfer_start[request_id] = now_us
+        self._decode_admit.setdefault(request_id, now_us)
         self._transfer_times.append(now_us)
         self._transfer_ids.append(request_id)
         self._transfer_replicas.append(self._holder[request_id])
@@ -202,8 +206,10 @@ class DisaggregatedCluster(Cluster):
     def requests_frame(self) -> pd.DataFrame:
         """One row per request with the engine columns, ``prefill_replica`` and
         ``decode_replica`` (indices in :attr:`replicas`, ``<NA>`` where it never got
-        there), ``transfer_start_us``, ``transfer_end_us`` and ``transfer_us`` (of the
-        transfer that completed, ``<NA>`` otherwise)."""
+        there), ``handoff_time_us`` (when it left its prefill replica),
+        ``decode_admit_time_us`` (its first admission on the decode replica, where its
+        transfer started, completed or not), ``transfer_start_us``, ``transfer_end_us``
+        and ``transfer_us`` (of the transfer that completed, ``<NA>`` otherwise)."""
         import pandas as pd
 
         frame = self._base_frame()
@@ -224,6 +230,12 @@ class DisaggregatedCluster(Cluster):
                 decode.append(None)
         frame["prefill_replica"] = pd.array(prefill, dtype="Int64")
         frame["decode_replica"] = pd.array(decode, dtype="Int64")
+        frame["handoff_time_us"] = pd.array(
+            [self._handoff_time.get(rid) for rid in ids], dtype="Int64"
+        )
+        frame["decode_admit_time_us"] = pd.array(
+            [self._decode_admit.get(rid) for rid in ids], dtype="Int64"
+        )
         ends = [self._transfer_end.get(rid) for rid in ids]
         starts = [
             self._transfer_start.get(rid) if end is not None else None
