@@ -664,6 +664,14 @@ def _serve(args: argparse.Namespace) -> int:
             scenario = _with_backend(scenario, args.backend)
     else:
         scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
+    if scenario.cluster is not None:
+        raise ScenarioError(
+            scenario.source,
+            "cluster",
+            f"simsim serve serves one server, and the file describes a cluster "
+            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
+            "(simsim run and simsim sweep simulate the cluster)",
+        )
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:

@@ -481,3 +481,15 @@ def test_simsim_run_refuses_a_bad_cluster_key(
         f"simsim: error: {path}: cluster.routr: unknown key (did you mean 'router'?)"
     )
     assert not (tmp_path / "out" / "requests.csv").exists()
+
+
+def test_simsim_serve_refuses_a_cluster_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, document(cluster={"replicas": 2}))
+    assert main(["serve", str(path), "--port", "0"]) == 2
+    assert capsys.readouterr().err == (
+        f"simsim: error: {path}: cluster: simsim serve serves one server, and the file "
+        "describes a cluster (2 replicas, router round_robin); remove [cluster] to serve one "
+        "replica (simsim run and simsim sweep simulate the cluster)\n"
+    )
