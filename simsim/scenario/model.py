@@ -197,7 +197,6 @@ class Scenario:
     name: str = "scenario"
     engine: str = "single_slot"
     batching: BatchingSpec | None = None
-    cluster: ClusterSpec | None = None
     scheduler: str = "fcfs"
     backend: SimulatedBackendConfig | FittedBackendConfig = field(
         default_factory=SimulatedBackendConfig
@@ -207,6 +206,8 @@ class Scenario:
     cancellations: tuple[Cancellation, ...] = ()
     seed: int = 0
     source: str = "<scenario>"
+    #: The ``[cluster]`` table: run replicas of the server behind a router (``None``: one).
+    cluster: ClusterSpec | None = None
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario with another seed for its generated workload."""
