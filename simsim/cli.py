@@ -40,6 +40,7 @@ import pandas as pd
 
 from simsim import __version__
 from simsim.backend import FittedBackendConfig
+from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import SimulationError
@@ -48,6 +49,7 @@ from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
 from simsim.scenario import (
     Scenario,
     ScenarioError,
+    Server,
     check_scenario,
     default_scenario,
     default_serve_scenario,
@@ -358,36 +360,53 @@ def _run(args: argparse.Namespace) -> int:
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
+    replicas = _replicas(engine)
     server = (
-        _batching_lines(engine, frames["iterations"], frames["events"], frames["requests"])
-        if isinstance(engine, BatchingEngine)
+        _batching_lines(replicas, frames["iterations"], frames["events"], frames["requests"])
+        if "iterations" in frames
         else []
     )
+    if isinstance(engine, Cluster):
+        server.extend(_cluster_lines(engine, scenario, frames["requests"]))
     print(_summary_table(summary, frames["requests"], server))
+    events = sum(replica.processed_event_count for replica in replicas)
     print(
-        f"{engine.processed_event_count} events simulated in {wall_s:.2f} s of wall time; "
+        f"{events} events simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
     )
     print("All times are simulated from the cost model, not measured on hardware.")
     return 0
 
 
-def _engine_tables(engine: EngineBase) -> dict[str, pd.DataFrame]:
-    """The tables a results folder holds for *engine*'s run, the summary included."""
+def _replicas(engine: Server) -> tuple[EngineBase, ...]:
+    """The engines that do the work: a cluster's replicas, or the engine itself."""
+    return engine.replicas if isinstance(engine, Cluster) else (engine,)
+
+
+def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
+    """The tables a results folder holds for *engine*'s run, the summary included.
+
+    A cluster's tables are its merged frames (a ``replica`` column in each, the replica
+    columns in ``requests``); its slots are every replica's.
+    """
+    replicas = _replicas(engine)
     frames = {
         "requests": engine.requests_frame(),
         "events": engine.events_frame(),
         "admissions": engine.admissions_frame(),
     }
-    if isinstance(engine, BatchingEngine):
+    if isinstance(engine, BatchingEngine) or (
+        isinstance(engine, Cluster) and any(isinstance(r, BatchingEngine) for r in replicas)
+    ):
         frames["iterations"] = engine.iterations_frame()
-    summary = summarize(frames["requests"], slots=engine.max_active_requests)
+    slots = sum(replica.max_active_requests for replica in replicas)
+    summary = summarize(frames["requests"], slots=slots)
     frames["summary"] = summary.reset_index()
     return frames
 
 
 def _write_tables(
-    option: str, out: Path, engine: EngineBase, fmt: Any, scenario: Scenario
+    option: str, out: Path, engine: Server, fmt: Any, scenario: Scenario
 ) -> dict[str, pd.DataFrame]:
     """Write *engine*'s tables to *out*, stamped with the simulated time it ended at."""
     frames = _engine_tables(engine)
@@ -423,15 +442,17 @@ _LATENCY_ROWS = (
 
 
 def _batching_lines(
-    engine: BatchingEngine,
+    replicas: Sequence[EngineBase],
     iterations: pd.DataFrame,
     events: pd.DataFrame,
     requests: pd.DataFrame,
 ) -> list[str]:
-    """The batching server's load for a terminal: batch size, preemptions, KV memory.
+    """The batching servers' load for a terminal: batch size, preemptions, KV memory.
 
     Means are over simulated time (each iteration weighs as long as it lasted), so an
-    idle stretch between iterations does not count.
+    idle stretch between iterations does not count. For a cluster (several *replicas*,
+    frames with a ``replica`` column) they are over every replica's iterations, and KV
+    memory is each replica's share of its own cache.
     """
     preemptions = int((events["event_type"] == "REQUEST_PREEMPTED").sum())
     ran = iterations[~iterations["abandoned"]]
@@ -441,15 +462,24 @@ def _batching_lines(
         return [f"{head}, {preemptions} preemptions"]
     batch = float((ran["batch_size"] * weights).sum() / weights.sum())
     lines = [f"{head}, {batch:.2f} requests per batch on average, {preemptions} preemptions"]
-    cache = engine.kv_cache
-    if cache is not None:
+    servers = [(i, r) for i, r in enumerate(replicas) if isinstance(r, BatchingEngine)]
+    blocks = {i: r.kv_cache.total_blocks for i, r in servers if r.kv_cache is not None}
+    if len(replicas) == 1 and blocks:
+        total = blocks[0]
         used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
         peak = int(ran["kv_blocks_in_use"].max())
         lines.append(
-            f"KV cache      {used / cache.total_blocks:.1%} of {cache.total_blocks} blocks "
-            f"in use on average, {peak / cache.total_blocks:.1%} at the peak"
+            f"KV cache      {used / total:.1%} of {total} blocks "
+            f"in use on average, {peak / total:.1%} at the peak"
         )
-    if engine.prefix_cache:
+    elif blocks:
+        held = ran["kv_blocks_in_use"] / ran["replica"].map(blocks).astype("float64")
+        used = float((held * weights).sum() / weights.sum())
+        lines.append(
+            f"KV cache      {used:.1%} of a replica's blocks in use on average, "
+            f"{float(held.max()):.1%} at the peak ({sum(blocks.values())} blocks in all)"
+        )
+    if any(r.prefix_cache for _, r in servers):
         prompts = int(requests["prompt_token_count"].sum())
         cached = int(requests["cached_prompt_tokens"].sum())
         hit = int((requests["cached_prompt_tokens"] > 0).sum())
@@ -457,6 +487,63 @@ def _batching_lines(
         lines.append(
             f"prefix cache  {share} of prompt tokens served from the cache; "
             f"{hit} of {len(requests)} requests hit it"
+        )
+    return lines
+
+
+_REPLICA_LINES = 16
+"""A cluster with more replicas prints their spread, not one line each."""
+
+
+def _cluster_lines(cluster: Cluster, scenario: Scenario, requests: pd.DataFrame) -> list[str]:
+    """Per replica: requests routed and finished (handed to decode, on a prefill replica)."""
+    assert scenario.cluster is not None
+    lines = [f"cluster       {scenario.cluster.describe()}"]
+    finished = requests["state"] == "FINISHED"
+    rows: list[tuple[str, int, str, int]] = []
+    if isinstance(cluster, DisaggregatedCluster):
+        prefill, decode = requests["prefill_replica"], requests["decode_replica"]
+        count = len(cluster.prefill_replicas)
+        for index in range(len(cluster.replicas)):
+            if index < count:
+                here = prefill == index
+                handed = int((here & decode.notna()).sum())
+                rows.append(("prefill ", int(here.sum()), "handed to decode", handed))
+            else:
+                here = decode == index
+                rows.append(("decode ", int(here.sum()), "finished", int((here & finished).sum())))
+    else:
+        replica = requests["replica"]
+        for index in range(len(cluster.replicas)):
+            here = replica == index
+            rows.append(("", int(here.sum()), "finished", int((here & finished).sum())))
+    if len(rows) <= _REPLICA_LINES:
+        lines.extend(
+            f"{f'replica {i}':<14}{role}{routed} routed, {done} {what}"
+            for i, (role, routed, what, done) in enumerate(rows)
+        )
+    else:
+        lines.extend(_replica_spread(rows))
+    if "transfer_us" in requests:
+        moved = requests["transfer_us"].dropna()
+        if len(moved):
+            lines.append(
+                f"KV transfer   {len(moved)} transfers, mean {_duration(float(moved.mean()))}, "
+                f"max {_duration(float(moved.max()))}"
+            )
+    return lines
+
+
+def _replica_spread(rows: Sequence[tuple[str, int, str, int]]) -> list[str]:
+    """One line per pool: the fewest and most requests a replica was routed and finished."""
+    lines = []
+    for role in dict.fromkeys(row[0] for row in rows):
+        pool = [row for row in rows if row[0] == role]
+        routed = [row[1] for row in pool]
+        done = [row[3] for row in pool]
+        lines.append(
+            f"{'per replica':<14}{role}{min(routed)} to {max(routed)} routed, "
+            f"{min(done)} to {max(done)} {pool[0][2]} ({len(pool)} replicas)"
         )
     return lines
 
@@ -533,6 +620,7 @@ def _validate(args: argparse.Namespace) -> int:
     requests = check_scenario(scenario)
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+        f"{'' if scenario.cluster is None else f'cluster of {scenario.cluster.describe()}, '}"
         f"{_count(len(requests), 'request')}, "
         f"{_count(len(scenario.cancellations), 'cancellation')}"
     )
@@ -576,6 +664,14 @@ def _serve(args: argparse.Namespace) -> int:
             scenario = _with_backend(scenario, args.backend)
     else:
         scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
+    if scenario.cluster is not None:
+        raise ScenarioError(
+            scenario.source,
+            "cluster",
+            f"simsim serve serves one server, and the file describes a cluster "
+            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
+            "(simsim run and simsim sweep simulate the cluster)",
+        )
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:

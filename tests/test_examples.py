@@ -5,10 +5,15 @@ files in tests/golden/ are compared line for line. Regenerate one deliberately w
 ``python examples/NAME.py > tests/golden/NAME.txt`` when a change is meant to alter it
 (for an example that draws figures, ``python examples/NAME.py --out OUT``, then delete
 the ``OUT`` folder: golden files name the figure folder ``OUT``).
+
+The cluster scenario and sweep files are golden too: ``simsim run`` (``simsim sweep``
+with ``--workers 1``) prints the text in ``tests/golden/scenarios/`` (``sweeps/``), with
+the results folder written as ``OUT`` and the wall time as ``X``.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +67,28 @@ def test_example_prints_its_golden_output(name: str, tmp_path: Path) -> None:
             assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert not out.exists()
+
+
+#: Example files ``simsim run`` or ``simsim sweep`` prints a golden report for.
+CLI_EXAMPLES = ("scenarios/cluster", "scenarios/disaggregated", "sweeps/cluster_replicas")
+
+
+@pytest.mark.parametrize("example", CLI_EXAMPLES)
+def test_cli_example_prints_its_golden_output(
+    example: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from simsim.cli import main
+
+    monkeypatch.chdir(ROOT)  # the report names the file as given: examples/...
+    out = tmp_path / "out"
+    command = example.partition("/")[0].removesuffix("s")  # "scenario" or "sweep"
+    args = ["run"] if command == "scenario" else ["sweep", "--workers", "1"]
+    assert main([*args, f"examples/{example}.toml", "--out", str(out)]) == 0
+    printed = re.sub(r"in \d+\.\d\d s of wall time", "in X s of wall time", capsys.readouterr().out)
+    assert printed.replace(str(out), "OUT") == (GOLDEN / f"{example}.txt").read_text()
 
 
 def test_figures_default_to_a_results_folder_never_the_current_one(tmp_path: Path) -> None:

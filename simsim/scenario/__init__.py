@@ -10,7 +10,8 @@ The package, one idea per module:
 * ``checker``: reading TOML, :class:`TomlChecker` (typed look-ups, did-you-mean) and
   :class:`ScenarioError`;
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
-  :class:`Cancellation`, :class:`BatchingSpec`), and :data:`ENGINE_BUILDERS`, the one
+  :class:`Cancellation`, :class:`BatchingSpec`, :class:`ClusterSpec` and its
+  :class:`PoolSpec`), :data:`Server` (an engine or a cluster), and :data:`ENGINE_BUILDERS`, the one
   registry of the engines a scenario can choose;
 * ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
   (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
@@ -27,8 +28,11 @@ from simsim.scenario.model import (
     ENGINES,
     BatchingSpec,
     Cancellation,
+    ClusterSpec,
+    PoolSpec,
     RequestSpec,
     Scenario,
+    Server,
     Workload,
 )
 from simsim.scenario.parse import load_backend, load_scenario, parse_scenario
@@ -40,9 +44,12 @@ __all__ = [
     "ENGINE_BUILDERS",
     "BatchingSpec",
     "Cancellation",
+    "ClusterSpec",
+    "PoolSpec",
     "RequestSpec",
     "Scenario",
     "ScenarioError",
+    "Server",
     "TomlChecker",
     "Workload",
     "check_scenario",

@@ -14,6 +14,7 @@ from simsim.backend import (
     SimulatedBackendConfig,
 )
 from simsim.clock import Environment
+from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, Router, make_router
 from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.request import Request
@@ -27,9 +28,12 @@ __all__ = [
     "SCHEDULERS",
     "BatchingSpec",
     "Cancellation",
+    "ClusterSpec",
     "EngineBuilder",
+    "PoolSpec",
     "RequestSpec",
     "Scenario",
+    "Server",
     "Workload",
 ]
 
@@ -104,6 +108,88 @@ class BatchingSpec:
         )
 
 
+Server = EngineBase | Cluster
+"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them."""
+
+SEEDED_ROUTERS = ("random", "power_of_two")
+"""The routers that take a ``seed``."""
+
+_SEED_LIMIT = 2**63
+"""Router seeds, like scenario seeds, are below this."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A pool of identical replicas and the router in front of it (``[cluster]``,
+    ``[cluster.prefill]`` or ``[cluster.decode]``).
+
+    ``seed`` is the router's seed (``random`` and ``power_of_two`` only; ``None``: derived
+    from the scenario's seed), ``weights`` the ``weighted`` router's scorer weights.
+    ``batching`` is the server each replica runs when the pool overrides the scenario's
+    ``[batching]``/``[kv_cache]`` settings, ``None`` for the scenario's own server.
+    """
+
+    replicas: int
+    router: str
+    seed: int | None = None
+    weights: tuple[tuple[str, float], ...] | None = None
+    batching: BatchingSpec | None = None
+
+    def make_router(self, scenario_seed: int) -> Router:
+        """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""
+        options: dict[str, object] = {}
+        if self.router in SEEDED_ROUTERS:
+            options["seed"] = scenario_seed if self.seed is None else self.seed
+        if self.weights is not None:
+            options["weights"] = dict(self.weights)
+        return make_router(self.router, **options)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """The ``[cluster]`` table: replicas of the scenario's server behind a router, or a
+    prefill pool and a decode pool joined by a KV transfer (disaggregation).
+
+    Exactly one of ``pool`` (a plain cluster) and ``prefill``/``decode``/``transfer``
+    (all three: a disaggregated one) is given.
+    """
+
+    pool: PoolSpec | None = None
+    prefill: PoolSpec | None = None
+    decode: PoolSpec | None = None
+    transfer: KvTransferConfig | None = None
+    refresh_interval_us: int = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether prefill and decode run on separate pools."""
+        return self.pool is None
+
+    @property
+    def replica_count(self) -> int:
+        """How many replicas the cluster has in all."""
+        return sum(pool.replicas for pool in self.pools())
+
+    def pools(self) -> tuple[PoolSpec, ...]:
+        """The pools, in replica order: the one pool, or prefill then decode."""
+        if self.pool is not None:
+            return (self.pool,)
+        assert self.prefill is not None and self.decode is not None
+        return (self.prefill, self.decode)
+
+    def describe(self) -> str:
+        """A short description for reports: ``4 replicas, router least_outstanding``."""
+        if self.pool is not None:
+            count = self.pool.replicas
+            noun = "replica" if count == 1 else "replicas"
+            return f"{count} {noun}, router {self.pool.router}"
+        assert self.prefill is not None and self.decode is not None
+        return (
+            f"{self.prefill.replicas} prefill + {self.decode.replicas} decode replicas, "
+            f"routers {self.prefill.router} / {self.decode.router}"
+        )
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A complete, validated simulation: what to build and what to feed it."""
@@ -120,6 +206,8 @@ class Scenario:
     cancellations: tuple[Cancellation, ...] = ()
     seed: int = 0
     source: str = "<scenario>"
+    #: The ``[cluster]`` table: run replicas of the server behind a router (``None``: one).
+    cluster: ClusterSpec | None = None
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario with another seed for its generated workload."""
@@ -144,10 +232,53 @@ class Scenario:
             raise ScenarioError(self.source, "workload", str(error)) from None
 
     def build_engine(self, env: Environment | None = None) -> EngineBase:
-        """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`), FCFS, idle."""
-        return ENGINE_BUILDERS[self.engine](
-            self, self.build_backend(), FcfsScheduler(), env or Environment()
+        """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`), FCFS, idle.
+
+        One server only: a scenario with a ``[cluster]`` table raises
+        :class:`ScenarioError` (build it with :meth:`build`).
+        """
+        if self.cluster is not None:
+            raise ScenarioError(
+                self.source,
+                "cluster",
+                f"the scenario describes a cluster ({self.cluster.describe()}), not one "
+                "engine; build it with Scenario.build() (simsim serve serves one server: "
+                "remove [cluster])",
+            )
+        return self._build_server(env or Environment(), self.batching)
+
+    def build(self, env: Environment | None = None) -> Server:
+        """What the scenario runs on, new and idle: its engine, or with ``[cluster]`` a
+        :class:`~simsim.Cluster` (or :class:`~simsim.DisaggregatedCluster`) of such
+        engines on one environment, each with its own FCFS scheduler and backend."""
+        env = env or Environment()
+        spec = self.cluster
+        if spec is None:
+            return self._build_server(env, self.batching)
+        if spec.pool is not None:
+            return Cluster(
+                self._build_pool(spec.pool, env),
+                spec.pool.make_router(self.seed),
+                refresh_interval_us=spec.refresh_interval_us,
+            )
+        assert spec.prefill is not None and spec.decode is not None
+        assert spec.transfer is not None
+        return DisaggregatedCluster(
+            self._build_pool(spec.prefill, env),  # type: ignore[arg-type]
+            self._build_pool(spec.decode, env),  # type: ignore[arg-type]
+            spec.transfer,
+            prefill_router=spec.prefill.make_router(self.seed),
+            decode_router=spec.decode.make_router(decode_router_seed(self.seed)),
+            refresh_interval_us=spec.refresh_interval_us,
         )
+
+    def _build_pool(self, pool: PoolSpec, env: Environment) -> list[EngineBase]:
+        batching = self.batching if pool.batching is None else pool.batching
+        return [self._build_server(env, batching) for _ in range(pool.replicas)]
+
+    def _build_server(self, env: Environment, batching: BatchingSpec | None) -> EngineBase:
+        scenario = self if batching is self.batching else replace(self, batching=batching)
+        return ENGINE_BUILDERS[self.engine](scenario, self.build_backend(), FcfsScheduler(), env)
 
     def build_backend(self) -> Backend:
         """The cost model of the ``[backend]`` table: simulated (default) or fitted."""
@@ -181,6 +312,12 @@ class Scenario:
             seen.add(spec.request_id)
         specs.sort(key=lambda s: s.request_id)
         return tuple(specs)
+
+
+def decode_router_seed(scenario_seed: int) -> int:
+    """The decode pool's router seed when the file sets none: the scenario's seed plus
+    one (modulo ``2**63``), so the two pools' routers draw apart."""
+    return (scenario_seed + 1) % _SEED_LIMIT
 
 
 EngineBuilder = Callable[[Scenario, Backend, Scheduler, Environment], EngineBase]

@@ -7,6 +7,7 @@ their own modules. Nothing is built or run until the whole document is valid.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,18 @@ from simsim.backend import (
     SimulatedBackendConfig,
 )
 from simsim.clock import Environment
+from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
 from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
     SCHEDULERS,
+    SEEDED_ROUTERS,
     BatchingSpec,
     Cancellation,
+    ClusterSpec,
+    PoolSpec,
     RequestSpec,
     Scenario,
 )
@@ -46,7 +51,19 @@ _TOP_KEYS = (
     "workload",
     "cancellations",
     "prefix_cache",
+    "cluster",
 )
+_ROUTER_KEYS = ("replicas", "router", "seed", "weights")
+_CLUSTER_KEYS = (*_ROUTER_KEYS, "refresh_interval_us", "prefill", "decode", "transfer")
+_POOL_OVERRIDES = ("max_active_requests", "max_batch_tokens", "policy", "total_blocks")
+_POOL_KEYS = (*_ROUTER_KEYS, *_POOL_OVERRIDES)
+_TRANSFER_KEYS = ("kv_bytes_per_token", "bandwidth_bytes_per_s", "base_us")
+_POOLS = ("prefill", "decode", "transfer")
+_DEFAULT_ROUTERS = {
+    "cluster": "round_robin",
+    "prefill": "round_robin",
+    "decode": "least_outstanding",
+}
 _PREFIX_CACHE_KEYS = ("enabled",)
 _BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
 _KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
@@ -172,6 +189,7 @@ def parse_scenario(
         )
 
     batching = _parse_batching(check, data, engine)
+    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
     _check_trace_blocks(check, data, batching)
     if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
         raise check.fail(
@@ -202,6 +220,7 @@ def parse_scenario(
         name=name,
         engine=engine,
         batching=batching,
+        cluster=cluster,
         scheduler=scheduler,
         backend=backend,
         requests=tuple(specs),
@@ -327,13 +346,153 @@ def _parse_batching(
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
     )
-    # Let the engine's own checks speak (token cap vs slots, mixed needs a budget...).
+    _check_server(check, "batching", spec)
+    return spec
+
+
+def _parse_cluster(
+    check: TomlChecker, data: Mapping[str, Any], engine: str, batching: BatchingSpec | None
+) -> ClusterSpec:
+    """``[cluster]``: copies of the scenario's server behind a router, or (with
+    ``[cluster.prefill]``, ``[cluster.decode]`` and ``[cluster.transfer]``) a prefill pool
+    and a decode pool of batching servers."""
+    table = check.table(data, "cluster", "cluster")
+    check.keys(table, _CLUSTER_KEYS, "cluster")
+    refresh = check.time(table, "refresh_interval_us", "cluster", default=0)
+    parts = [name for name in _POOLS if name in table]
+    if not parts:
+        pool = _parse_pool(check, table, "cluster", None)
+        return ClusterSpec(pool=pool, refresh_interval_us=refresh)
+    missing = [name for name in _POOLS if name not in table]
+    if missing:
+        raise check.fail(
+            f"cluster.{missing[0]}",
+            f"missing table: disaggregation needs [cluster.prefill], [cluster.decode] and "
+            f"[cluster.transfer] together (the file gives {', '.join(parts)})",
+        )
+    if engine != "batching" or batching is None:
+        raise check.fail(
+            f"cluster.{parts[0]}",
+            'disaggregated prefill and decode need engine = "batching" (a request moves '
+            f'from a batching prefill replica to a batching decode one); the engine is "{engine}"',
+        )
+    for key in _ROUTER_KEYS:
+        if key in table:
+            raise check.fail(
+                f"cluster.{key}",
+                "with [cluster.prefill] and [cluster.decode], give replicas, router and its "
+                "options in each pool's table",
+            )
+    prefill, decode = (
+        _parse_pool(
+            check,
+            _checked(check, check.table(table, name, f"cluster.{name}"), f"cluster.{name}"),
+            f"cluster.{name}",
+            batching,
+        )
+        for name in ("prefill", "decode")
+    )
+    transfer_table = check.table(table, "transfer", "cluster.transfer")
+    check.keys(transfer_table, _TRANSFER_KEYS, "cluster.transfer")
+    transfer = make(
+        check,
+        "cluster.transfer",
+        KvTransferConfig,
+        kv_bytes_per_token=check.integer(transfer_table, "kv_bytes_per_token", "cluster.transfer"),
+        bandwidth_bytes_per_s=check.integer(
+            transfer_table, "bandwidth_bytes_per_s", "cluster.transfer"
+        ),
+        base_us=check.time(transfer_table, "base_us", "cluster.transfer", default=0),
+    )
+    return ClusterSpec(
+        prefill=prefill, decode=decode, transfer=transfer, refresh_interval_us=refresh
+    )
+
+
+def _checked(check: TomlChecker, table: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    check.keys(table, _POOL_KEYS, where)
+    return table
+
+
+def _parse_pool(
+    check: TomlChecker, table: Mapping[str, Any], where: str, batching: BatchingSpec | None
+) -> PoolSpec:
+    """A pool's replica count, router and router options (its keys already checked);
+    with *batching* (a disaggregated pool), also its overrides of the batching server."""
+    replicas = check.integer(table, "replicas", where)
+    if replicas < 1:
+        raise check.fail(f"{where}.replicas", f"must be at least 1, got {replicas}")
+    name = where.rpartition(".")[2]
+    router = check.choice(table, "router", where, tuple(ROUTERS), default=_DEFAULT_ROUTERS[name])
+    seed = None
+    if "seed" in table:
+        if router not in SEEDED_ROUTERS:
+            raise check.fail(
+                f"{where}.seed",
+                f"only for router {' or '.join(repr(r) for r in SEEDED_ROUTERS)} "
+                f"(the router is {router!r})",
+            )
+        seed = check.integer(table, "seed", where)
+    weights = None
+    if "weights" in table:
+        if router != "weighted":
+            raise check.fail(
+                f"{where}.weights", f"only for router 'weighted' (the router is {router!r})"
+            )
+        weights_table = check.table(table, "weights", f"{where}.weights")
+        check.keys(weights_table, tuple(SCORERS), f"{where}.weights")
+        values = {
+            scorer: check.number(weights_table, scorer, f"{where}.weights")
+            for scorer in weights_table
+        }
+        make(check, f"{where}.weights", WeightedRouter, values)
+        weights = tuple(values.items())
+    return PoolSpec(replicas, router, seed, weights, _pool_batching(check, table, where, batching))
+
+
+def _pool_batching(
+    check: TomlChecker, table: Mapping[str, Any], where: str, batching: BatchingSpec | None
+) -> BatchingSpec | None:
+    """The pool's batching server: the scenario's with the pool's overrides, if any."""
+    if batching is None or not any(key in table for key in _POOL_OVERRIDES):
+        return None
+    kv_cache = batching.kv_cache
+    if "total_blocks" in table:
+        if kv_cache is None:
+            raise check.fail(
+                f"{where}.total_blocks", "needs [kv_cache]: there are no blocks to count"
+            )
+        kv_cache = make(
+            check,
+            f"{where}.total_blocks",
+            KvCacheConfig,
+            kv_cache.block_size_tokens,
+            check.integer(table, "total_blocks", where),
+        )
+    spec = replace(
+        batching,
+        max_active_requests=check.integer(
+            table, "max_active_requests", where, default=batching.max_active_requests
+        ),
+        max_batch_tokens=(
+            check.integer(table, "max_batch_tokens", where)
+            if "max_batch_tokens" in table
+            else batching.max_batch_tokens
+        ),
+        policy=check.choice(table, "policy", where, POLICIES, default=batching.policy),
+        kv_cache=kv_cache,
+    )
+    _check_server(check, where, spec)
+    return spec
+
+
+def _check_server(check: TomlChecker, where: str, spec: BatchingSpec) -> None:
+    """Let the engine's own checks speak (token cap vs slots, mixed needs a budget...)."""
     make(
         check,
-        "batching",
+        where,
         spec.build,
         SimulatedBackend(SimulatedBackendConfig()),
         FcfsScheduler(),
         Environment(),
     )
-    return spec

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simsim.engines.base import EngineBase
+from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.scenario.checker import ScenarioError
-from simsim.scenario.model import RequestSpec, Scenario
+from simsim.scenario.model import RequestSpec, Scenario, Server
 from simsim.workloads import ClosedLoopWorkload
 
 __all__ = ["check_scenario", "run_scenario"]
@@ -17,8 +17,8 @@ def run_scenario(
     scenario: Scenario,
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> EngineBase:
-    """Build the scenario's engine, feed it, run it to the end and return it.
+) -> Server:
+    """Build the scenario's engine (or cluster), feed it, run it to the end and return it.
 
     Every listed, traced and generated request is submitted first, in id order; then
     the ``[[cancellations]]`` and the workload's patience deadlines are scheduled, and
@@ -47,11 +47,12 @@ def run_scenario(
         engine.run()
         return engine
     step = engine.run_next_timestamp
+    admitted = _admitted_counter(engine)
     count = 0
     while step() is not None:
         count += 1
         if count % 4096 == 0:
-            progress(min(len(engine.admission_log), total), total)
+            progress(min(admitted(), total), total)
     progress(total, total)
     return engine
 
@@ -70,20 +71,37 @@ def check_scenario(scenario: Scenario) -> list[RequestSpec]:
     return specs
 
 
-def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> EngineBase:
-    """A new engine for *scenario* with every one of *specs* submitted, not yet run."""
-    engine = scenario.build_engine()
+def _admitted_counter(engine: Server) -> Callable[[], int]:
+    """How many admissions *engine* has made so far (a cluster: its entry replicas')."""
+    if isinstance(engine, DisaggregatedCluster):
+        replicas: tuple[Any, ...] = engine.prefill_replicas
+    elif isinstance(engine, Cluster):
+        replicas = engine.replicas
+    else:
+        return lambda: len(engine.admission_log)
+    return lambda: sum(len(replica.admission_log) for replica in replicas)
+
+
+def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> Server:
+    """A new engine (or cluster) for *scenario* with every one of *specs* submitted,
+    not yet run."""
+    engine = scenario.build()
     for spec in specs:
         try:
             engine.submit(spec.to_request())
         except (ValueError, OverflowError) as error:
             key = f"request {spec.request_id}"
-            rule = str(error).removeprefix(f"{key} ")
+            message = str(error)
+            # A cluster names the replica first: "replica 2: request 7 needs ...".
+            head, colon, rest = message.partition(": ")
+            if colon and head.startswith("replica ") and rest.startswith(f"{key} "):
+                message = f"{rest.removeprefix(f'{key} ')} (on {head})"
+            rule = message.removeprefix(f"{key} ")
             raise ScenarioError(scenario.source, key, rule) from None
     return engine
 
 
-def _canceller(engine: EngineBase, request_id: int) -> Callable[[Any], None]:
+def _canceller(engine: Server, request_id: int) -> Callable[[Any], None]:
     def cancel(_event: Any) -> None:
         if not engine.requests[request_id].is_terminal:
             engine.cancel_request(request_id)
