@@ -367,7 +367,7 @@ def _run(args: argparse.Namespace) -> int:
         else []
     )
     if isinstance(engine, Cluster):
-        server.extend(_cluster_lines(engine, scenario, frames["requests"]))
+        server.extend(_cluster_lines(engine, scenario, frames["requests"], summary["value"]))
     print(_summary_table(summary, frames["requests"], server))
     events = sum(replica.processed_event_count for replica in replicas)
     print(
@@ -400,7 +400,12 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
     ):
         frames["iterations"] = engine.iterations_frame()
     slots = sum(replica.max_active_requests for replica in replicas)
-    summary = summarize(frames["requests"], slots=slots)
+    counts: int | tuple[int, int] | None = None  # so that a replica given nothing counts
+    if isinstance(engine, DisaggregatedCluster):
+        counts = (len(engine.prefill_replicas), len(engine.decode_replicas))
+    elif isinstance(engine, Cluster):
+        counts = len(replicas)
+    summary = summarize(frames["requests"], slots=slots, replicas=counts)
     frames["summary"] = summary.reset_index()
     return frames
 
@@ -495,8 +500,11 @@ _REPLICA_LINES = 16
 """A cluster with more replicas prints their spread, not one line each."""
 
 
-def _cluster_lines(cluster: Cluster, scenario: Scenario, requests: pd.DataFrame) -> list[str]:
-    """Per replica: requests routed and finished (handed to decode, on a prefill replica)."""
+def _cluster_lines(
+    cluster: Cluster, scenario: Scenario, requests: pd.DataFrame, summary: pd.Series
+) -> list[str]:
+    """Per replica: requests routed and finished (handed to decode, on a prefill replica);
+    per pool: the spread of the replicas' utilisation."""
     assert scenario.cluster is not None
     lines = [f"cluster       {scenario.cluster.describe()}"]
     finished = requests["state"] == "FINISHED"
@@ -524,6 +532,16 @@ def _cluster_lines(cluster: Cluster, scenario: Scenario, requests: pd.DataFrame)
         )
     else:
         lines.extend(_replica_spread(rows))
+    pools = ("prefill_", "decode_") if isinstance(cluster, DisaggregatedCluster) else ("",)
+    for pool in pools:
+        low = summary.get(f"{pool}replica_utilization_min")
+        high = summary.get(f"{pool}replica_utilization_max")
+        imbalance = summary.get(f"{pool}replica_load_imbalance")
+        if low is not None and high is not None and pd.notna(low) and pd.notna(high):
+            lines.append(
+                f"{'balance':<14}{pool.replace('_', ' ')}replicas busy {low:.1%} to {high:.1%} "
+                f"of the time; busiest got {imbalance:.2f}x its fair share of requests"
+            )
     if "transfer_us" in requests:
         moved = requests["transfer_us"].dropna()
         if len(moved):

@@ -493,3 +493,17 @@ def test_simsim_serve_refuses_a_cluster_before_serving(
         "describes a cluster (2 replicas, router round_robin); remove [cluster] to serve one "
         "replica (simsim run and simsim sweep simulate the cluster)\n"
     )
+
+
+def test_simsim_run_counts_a_replica_that_got_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = document(cluster={"replicas": 3, "router": "round_robin"})
+    doc["workload"]["count"] = 2  # replicas 0 and 1 get one each, replica 2 none
+    path = write(tmp_path, doc)
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^balance       replicas busy 0\.0% to \d", printed, re.MULTILINE)
+    summary = read_run_folder(tmp_path / "out").table("summary").set_index("metric")["value"]
+    assert (summary["replicas"], summary["replica_requests_min"]) == (3, 0)
+    assert summary["replica_load_imbalance"] == pytest.approx(1.5)  # 1 of a fair 2/3
