@@ -433,3 +433,55 @@ def test_a_stale_snapshot_of_a_prefix_cache_keeps_the_blocks_it_saw(
     cluster.run()
     assert spy.seen == seen
     assert list(cluster.routes_frame()["timestamp_us"]) == [0, 100_000, 300_000]
+
+
+# ---------------------------------------------------------------------- misuse
+
+
+def test_token_events_are_refused_before_routing_when_a_replica_has_none() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([simsim.FastSimulationEngine(simsim.SimulatedBackend(COSTS), env=env)])
+    cluster.submit(simsim.Request(0, arrival_time_us=0, prompt_token_count=10, max_output_tokens=3))
+    with pytest.raises(NotImplementedError, match="no token events"):
+        cluster.token(0, 1)
+    done = cluster.completion(0)
+    cluster.run()
+    assert done.processed
+
+
+def test_a_replica_takes_requests_only_through_its_cluster() -> None:
+    env = simsim.Environment()
+    engine = single(env)
+    cluster = Cluster([engine])
+    with pytest.raises(ValueError, match="is a replica of <Cluster of 1 replicas>: submit"):
+        engine.submit(
+            simsim.Request(0, arrival_time_us=0, prompt_token_count=10, max_output_tokens=2)
+        )
+    with pytest.raises(ValueError, match="replicas\\[0\\] is already a replica of"):
+        Cluster([engine])
+    cluster.submit(simsim.Request(0, arrival_time_us=5, prompt_token_count=10, max_output_tokens=2))
+    cluster.run()
+    assert list(engine.requests) == [0] and engine.requests[0].arrival_time_us == 5
+
+
+def test_a_router_class_is_refused_for_an_instance() -> None:
+    env = simsim.Environment()
+    with pytest.raises(TypeError, match="RoundRobinRouter is a class; pass an instance"):
+        Cluster([single(env)], RoundRobinRouter)  # type: ignore[arg-type]
+
+
+def test_a_router_may_answer_a_numpy_integer() -> None:
+    import numpy as np
+
+    class ArgMin:
+        def route(self, request: simsim.Request, replicas: Sequence[ReplicaSnapshot]) -> int:
+            return np.argmin([s.outstanding for s in replicas])  # type: ignore[return-value]
+
+    env = simsim.Environment()
+    cluster = Cluster([single(env) for _ in range(2)], ArgMin())
+    for rid in range(3):
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
+        )
+    cluster.run()
+    assert list(cluster.routes_frame()["replica"]) == [0, 1, 0]

@@ -202,3 +202,32 @@ def test_a_transfer_cancelled_midway_still_held_the_decode_replica() -> None:
     summary = simsim.summarize(cluster.requests_frame(), replicas=(1, 1))["value"]
     assert summary["decode_replica_utilization_max"] == pytest.approx(12_200 / 19_200)
     assert frame.loc[2, "finish_time_us"] == 19_200
+
+
+def test_a_prefill_replica_takes_requests_only_through_its_cluster() -> None:
+    _, prefill, decode = pools()
+    DisaggregatedCluster(prefill, decode, LINK)
+    with pytest.raises(ValueError, match="is a replica of <DisaggregatedCluster of 2 replicas>"):
+        prefill[0].submit(
+            simsim.Request(0, arrival_time_us=0, prompt_token_count=10, max_output_tokens=2)
+        )
+
+
+def test_a_transfer_past_the_clock_is_refused_naming_the_request() -> None:
+    _, prefill, decode = pools()
+    huge = KvTransferConfig(kv_bytes_per_token=2**40, bandwidth_bytes_per_s=1)
+    cluster = DisaggregatedCluster(prefill, decode, huge)
+    cluster.submit(
+        simsim.Request(0, arrival_time_us=0, prompt_token_count=100, max_output_tokens=2)
+    )
+    with pytest.raises(OverflowError, match="request 0's KV transfer at 3000 us"):
+        cluster.run()
+    assert cluster.failed and decode[0].failed  # refused before its link counted it
+    assert decode[0]._link._in_flight == 0  # type: ignore[union-attr]
+
+
+def test_transfer_config_holds_plain_ints() -> None:
+    import numpy as np
+
+    config = KvTransferConfig(np.int64(1_000), np.int64(10**8), base_us=np.int64(5))  # type: ignore[arg-type]
+    assert type(config.base_us) is int and type(config.transfer_us(10, 1)) is int

@@ -147,6 +147,9 @@ class Cluster:
     routed to, so routing never refuses it.
     """
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {len(self._replicas)} replicas>"
+
     def __init__(
         self,
         replicas: Sequence[EngineBase],
@@ -181,6 +184,11 @@ class Cluster:
                     f"{name}[{index}] already has {len(engine.requests)} submitted requests; "
                     "a replica must be new, and requests submitted through the cluster only"
                 )
+            if engine._cluster is not None:
+                raise ValueError(
+                    f"{name}[{index}] is already a replica of {engine._cluster!r}; "
+                    "an engine serves one cluster"
+                )
         seen: set[int] = set()
         for index, engine in enumerate(engines):
             if id(engine) in seen:
@@ -195,6 +203,8 @@ class Cluster:
     ) -> None:
         self._replicas = replicas
         self._env = replicas[0].env
+        for engine in replicas:
+            engine._cluster = self
         self._front = front  # routes arrivals
         front.probes = [_probe(replicas[index]) for index in front.pool]
         # What submit checks: each replica's own rule, once per distinct rule (replicas
@@ -362,6 +372,8 @@ class Cluster:
             return self._replicas[holder].token(rid, n)
         number = check_count(n, "n", minimum=1)
         request = self._requests[rid]
+        for index in self._front.pool:  # whichever it is routed to must give token events
+            self._replicas[index]._check_token_events(request)
         if request.is_terminal:
             return _born_processed(self._env, request)
         waiters = self._token_waiters.setdefault(rid, {})
@@ -426,6 +438,9 @@ class Cluster:
             if self._failure is None:
                 self._failure = error
             raise
+        if type(choice) is not int and not isinstance(choice, bool):
+            index = getattr(type(choice), "__index__", None)
+            choice = index(choice) if index is not None else choice  # NumPy integers
         if type(choice) is not int or not 0 <= choice < len(pool):
             self._fail_with(
                 ValueError(

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simsim.clock import check_count
+from simsim.clock import MAX_TIME_US, check_count, time_overflow
 from simsim.cluster.cluster import Cluster, _probe, _RouterView
 from simsim.cluster.routers import Router, make_router
 from simsim.engines.base import EngineBase
@@ -55,9 +55,10 @@ class KvTransferConfig:
     base_us: int = 0
 
     def __post_init__(self) -> None:
-        check_count(self.base_us, "base_us")
-        check_count(self.kv_bytes_per_token, "kv_bytes_per_token", minimum=1)
-        check_count(self.bandwidth_bytes_per_s, "bandwidth_bytes_per_s", minimum=1)
+        # Plain ints (NumPy integers converted), as every other config.
+        object.__setattr__(self, "base_us", check_count(self.base_us, "base_us"))
+        for name in ("kv_bytes_per_token", "bandwidth_bytes_per_s"):
+            object.__setattr__(self, name, check_count(getattr(self, name), name, minimum=1))
 
     def transfer_us(self, tokens: int, in_flight: int) -> int:
         """A transfer of *tokens* tokens' KV cache sharing the link with ``in_flight - 1``
@@ -80,8 +81,12 @@ class _Link:
         self._in_flight = 0
 
     def start(self, request: Request, now_us: int) -> int:
+        duration = self._config.transfer_us(request.prompt_token_count, self._in_flight + 1)
+        if now_us + duration > MAX_TIME_US:  # refused before anything is recorded
+            raise time_overflow(
+                now_us + duration, f"request {request.request_id}'s KV transfer at {now_us} us"
+            )
         self._in_flight += 1
-        duration = self._config.transfer_us(request.prompt_token_count, self._in_flight)
         self._cluster._transfer_started(request.request_id, now_us, duration)
         return duration
 

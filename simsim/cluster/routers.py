@@ -290,6 +290,10 @@ def make_router(router: Router | str, **options: Any) -> Router:
             raise TypeError(f"router {router!r}: {error}") from None
     if options:
         raise TypeError(f"options {sorted(options)} apply only to a router given by name")
+    if isinstance(router, type):
+        raise TypeError(
+            f"router {router.__name__} is a class; pass an instance, e.g. {router.__name__}()"
+        )
     if not callable(getattr(router, "route", None)):
         raise TypeError(
             f"router {router!r} has no route(request, replicas) method; "

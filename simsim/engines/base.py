@@ -164,6 +164,8 @@ class EngineBase(ABC):
         self._event_log = EventLog()
         self._admission_log = AdmissionLog()
         self._failure: BaseException | None = None
+        # The simsim.Cluster this engine is a replica of: requests come through it only.
+        self._cluster: object | None = None
         self._processed_event_count = 0
         self._ignored_cancelled_event_count = 0
         # request id -> the one event a cancellation allowed to be consumed silently
@@ -322,6 +324,11 @@ class EngineBase(ABC):
         """
         if self._failure is not None:
             self._check_alive()
+        if self._cluster is not None:
+            raise ValueError(
+                f"this engine is a replica of {self._cluster!r}: submit requests to the "
+                "cluster, which routes them"
+            )
         if not isinstance(request, Request):
             raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
         fresh = request.is_fresh()
