@@ -21,8 +21,10 @@ PREEMPTED                   CANCELLED   cancelled while waiting to be readmitted
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Iterable
+import operator
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
@@ -130,6 +132,14 @@ class Request:
     # how many prompt tokens the batching server's cache served at the first admission.
     block_hashes: tuple[Hashable, ...] | None = field(default=None, repr=False)
     cached_prompt_token_count: int = field(default=0, repr=False)
+    # Metadata schedulers may read (optional; absent, nothing changes).
+    request_class: str | None = field(default=None, repr=False)
+    tenant: str | None = field(default=None, repr=False)
+    priority: int = field(default=0, repr=False)
+    deadline_us: int | None = field(default=None, repr=False)
+    tags: Mapping[str, Any] | None = field(default=None, repr=False)
+    # Why an admission control turned it away at its arrival (it is then CANCELLED).
+    rejection: str | None = field(default=None, repr=False)
     # The engine's one outstanding lifecycle event for this request (not public state).
     _pending: Any = field(default=None, init=False, repr=False, compare=False)
     # The engine's event object for this request, reused from step to step.
@@ -152,6 +162,11 @@ class Request:
         finish_time_us: int | None = None,
         *,
         block_hashes: Iterable[Hashable] | None = None,
+        request_class: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        deadline_us: int | None = None,
+        tags: Mapping[str, Any] | None = None,
     ) -> None:
         self.request_id = request_id
         self.arrival_time_us = arrival_time_us
@@ -165,8 +180,23 @@ class Request:
         self.finish_time_us = finish_time_us
         self.block_hashes = None if block_hashes is None else _hashes(block_hashes, request_id)
         self.cached_prompt_token_count = 0
+        self.request_class = request_class
+        self.tenant = tenant
+        self.priority = priority
+        self.deadline_us = deadline_us
+        self.tags = tags
+        self.rejection = None
         self._pending = None
         self._event = None
+        if (
+            request_class is not None
+            or tenant is not None
+            or priority != 0
+            or type(priority) is not int
+            or deadline_us is not None
+            or tags is not None
+        ):
+            self._check_metadata()
         if (
             type(request_id) is type(arrival_time_us) is int
             and type(prompt_token_count) is type(max_output_tokens) is int
@@ -240,6 +270,40 @@ class Request:
                 setattr(self, name, check_time_us(value, name))
         if self.finish_time_us is not None:
             self.finish_time_us = check_time_us(self.finish_time_us, "finish_time_us")
+
+    @property
+    def has_metadata(self) -> bool:
+        """``True`` when any of ``request_class``, ``tenant``, ``priority``,
+        ``deadline_us`` or ``tags`` is set."""
+        return (
+            self.request_class is not None
+            or self.tenant is not None
+            or self.priority != 0
+            or self.deadline_us is not None
+            or bool(self.tags)
+        )
+
+    def _check_metadata(self) -> None:
+        rid = self.request_id
+        for name in ("request_class", "tenant"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not str or not value):
+                raise TypeError(
+                    f"request {rid}: {name} must be a non-empty str or None, got {value!r}"
+                )
+        priority = self.priority
+        if isinstance(priority, bool) or not hasattr(type(priority), "__index__"):
+            raise TypeError(f"request {rid}: priority must be an int, got {priority!r}")
+        self.priority = int(operator.index(priority))
+        if self.deadline_us is not None:
+            self.deadline_us = check_time_us(self.deadline_us, "deadline_us")
+        tags = self.tags
+        if tags is not None:
+            if not isinstance(tags, Mapping) or not all(type(k) is str and k for k in tags):
+                raise TypeError(
+                    f"request {rid}: tags must be a mapping with non-empty str keys, got {tags!r}"
+                )
+            self.tags = MappingProxyType(dict(tags))
 
     @property
     def is_pristine(self) -> bool:

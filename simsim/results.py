@@ -96,7 +96,30 @@ def requests_frame(requests: Mapping[int, Request] | Iterable[Request]) -> pd.Da
     decode_span = (data["finish_time_us"] - data["first_token_time_us"]).astype("Float64")
     steps = pd.Series(np.where(has_tpot, tokens - 1, 1), dtype="Float64")
     data["tpot_us"] = (decode_span / steps).where(has_tpot, pd.NA)
-    return pd.DataFrame({name: data[name] for name in REQUEST_COLUMNS})
+    frame = pd.DataFrame({name: data[name] for name in REQUEST_COLUMNS})
+    if any(r.has_metadata for r in rows):
+        _append_metadata(frame, rows)
+    return frame
+
+
+METADATA_COLUMNS = ("request_class", "tenant", "priority", "deadline_us")
+"""The columns :func:`requests_frame` appends when any request carries metadata, then
+one ``tag_<key>`` column per tag key (in first-seen order)."""
+
+
+def _append_metadata(frame: pd.DataFrame, rows: Sequence[Request]) -> None:
+    frame["request_class"] = pd.array([r.request_class for r in rows], dtype="string")
+    frame["tenant"] = pd.array([r.tenant for r in rows], dtype="string")
+    frame["priority"] = pd.array([r.priority for r in rows], dtype="int64")
+    frame["deadline_us"] = pd.array([r.deadline_us for r in rows], dtype="Int64")
+    keys: dict[str, None] = {}
+    for request in rows:
+        if request.tags:
+            keys.update(dict.fromkeys(request.tags))
+    for key in keys:
+        frame[f"tag_{key}"] = pd.Series(
+            [None if not r.tags else r.tags.get(key) for r in rows], dtype="object"
+        )
 
 
 def events_frame(log: EventLog) -> pd.DataFrame:

@@ -11,9 +11,10 @@ is not the head, is refused with :class:`~simsim.errors.StaleDecisionError`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.errors import StaleDecisionError, UnknownRequestError
@@ -29,12 +30,19 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class QueuedRequest:
-    """What a scheduler may know of a request: its id, arrival time and size."""
+    """What a scheduler may know of a request: its id, arrival time and size, and its
+    optional metadata (keyword-only, as on :class:`~simsim.request.Request`: class,
+    tenant, priority, deadline, tags)."""
 
     request_id: int
     arrival_time_us: int
     prompt_token_count: int
     max_output_tokens: int
+    request_class: str | None = None
+    tenant: str | None = None
+    priority: int = 0
+    deadline_us: int | None = None
+    tags: Mapping[str, Any] | None = field(default=None, hash=False)
 
     # Written out (dataclass keeps a class's own __init__): one is made per arrival, and
     # a frozen dataclass's generated __init__ is slow (object.__setattr__ per field,
@@ -46,6 +54,12 @@ class QueuedRequest:
         arrival_time_us: int,
         prompt_token_count: int,
         max_output_tokens: int,
+        *,
+        request_class: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        deadline_us: int | None = None,
+        tags: Mapping[str, Any] | None = None,
     ) -> None:
         if (
             type(request_id) is type(arrival_time_us) is int
@@ -64,6 +78,11 @@ class QueuedRequest:
         _set_arrival_time_us(self, arrival_time_us)
         _set_prompt_token_count(self, prompt_token_count)
         _set_max_output_tokens(self, max_output_tokens)
+        _set_request_class(self, request_class)
+        _set_tenant(self, tenant)
+        _set_priority(self, priority)
+        _set_deadline_us(self, deadline_us)
+        _set_tags(self, tags)
 
     def __post_init__(self) -> None:
         # Only a dataclass subclass's generated __init__ calls this; the check is the
@@ -93,6 +112,11 @@ _set_request_id = vars(QueuedRequest)["request_id"].__set__
 _set_arrival_time_us = vars(QueuedRequest)["arrival_time_us"].__set__
 _set_prompt_token_count = vars(QueuedRequest)["prompt_token_count"].__set__
 _set_max_output_tokens = vars(QueuedRequest)["max_output_tokens"].__set__
+_set_request_class = vars(QueuedRequest)["request_class"].__set__
+_set_tenant = vars(QueuedRequest)["tenant"].__set__
+_set_priority = vars(QueuedRequest)["priority"].__set__
+_set_deadline_us = vars(QueuedRequest)["deadline_us"].__set__
+_set_tags = vars(QueuedRequest)["tags"].__set__
 
 
 @dataclass(frozen=True, slots=True)

@@ -501,14 +501,7 @@ class EngineBase(ABC):
     def _enqueue_arrival(self, request: Request, sequence: int) -> None:
         """*request* has arrived now: queue it, log it under *sequence*, fill a free slot."""
         rid = request.request_id
-        self._scheduler.enqueue(
-            QueuedRequest(
-                rid,
-                request.arrival_time_us,
-                request.prompt_token_count,
-                request.max_output_tokens,
-            )
-        )
+        self._scheduler.enqueue(queued_request(request))
         self._processed_event_count += 1
         self._event_log.append(self._env._now, sequence, _ARRIVAL, rid)
         if self._is_idle():
@@ -681,12 +674,24 @@ class EngineBase(ABC):
 
 
 def queued_request(request: Request) -> QueuedRequest:
-    """What the scheduler may know of *request*: its id, arrival and size."""
+    """What the scheduler may know of *request*: its id, arrival, size and metadata."""
+    if not request.has_metadata:
+        return QueuedRequest(
+            request.request_id,
+            request.arrival_time_us,
+            request.prompt_token_count,
+            request.max_output_tokens,
+        )
     return QueuedRequest(
         request.request_id,
         request.arrival_time_us,
         request.prompt_token_count,
         request.max_output_tokens,
+        request_class=request.request_class,
+        tenant=request.tenant,
+        priority=request.priority,
+        deadline_us=request.deadline_us,
+        tags=request.tags,
     )
 
 
