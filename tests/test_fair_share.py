@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import EASY_CONFIG
 from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,13 +16,7 @@ from simsim.schedulers.fair import FairShareScheduler
 
 Q = simsim.QueuedRequest
 
-COSTS = simsim.SimulatedBackendConfig(
-    prefill_base_us=1_000,
-    prefill_per_token_us=10,
-    prefill_per_active_sequence_us=0,
-    decode_base_us=2_000,
-    decode_per_active_sequence_us=0,
-)
+COSTS = EASY_CONFIG  # prefill = 100 + 2 * prompt tokens, decode step = 10 (microseconds)
 
 
 def _q(rid: int, arrival: int, tenant: str | None, prompt: int = 10, output: int = 5) -> Q:
@@ -193,7 +188,7 @@ def _heavy_and_light() -> list[simsim.Request]:
     ]
     requests += [
         simsim.Request(
-            100 + k, 5_000 + 20_000 * k, prompt_token_count=16, max_output_tokens=4, tenant="light"
+            100 + k, 50 + 200 * k, prompt_token_count=16, max_output_tokens=4, tenant="light"
         )
         for k in range(10)
     ]
@@ -209,7 +204,9 @@ def test_a_heavy_tenant_does_not_starve_a_light_one() -> None:
     # Under FCFS a light request waits behind the whole burst; under fair share it is
     # admitted at the next free slot (within about one heavy request's service).
     assert fair_light * 5 < fcfs_light
-    one_heavy_us = COSTS.prefill_base_us + 64 * COSTS.prefill_per_token_us + 33 * 2_000
+    one_heavy_us = (
+        COSTS.prefill_base_us + 64 * COSTS.prefill_per_token_us + 33 * COSTS.decode_base_us
+    )
     assert max(fair[r] for r in light) <= 2 * one_heavy_us
     # The heavy tenant still gets every other slot: its requests all finish.
     assert len(fair) == len(fcfs) == 50

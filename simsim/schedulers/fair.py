@@ -43,7 +43,7 @@ from simsim.clock import check_count, check_time_us
 from simsim.errors import StaleDecisionError, UnknownRequestError
 from simsim.scheduler import AdmissionDecision, QueuedRequest, SchedulerStats
 
-__all__ = ["DEFAULT_TENANT", "FairShareScheduler"]
+__all__ = ["DEFAULT_TENANT", "FairShareScheduler", "check_weight"]
 
 DEFAULT_TENANT = ""
 """The tenant of a request that names none."""
@@ -93,8 +93,8 @@ class FairShareScheduler:
     )
 
     def __init__(self, prompt_weight: float = 1.0, output_weight: float = 2.0) -> None:
-        self._prompt_weight = _weight(prompt_weight, "prompt_weight")
-        self._output_weight = _weight(output_weight, "output_weight")
+        self._prompt_weight = check_weight(prompt_weight, "FairShareScheduler: prompt_weight")
+        self._output_weight = check_weight(output_weight, "FairShareScheduler: output_weight")
         self._counters: dict[str, float] = {}
         # Per backlogged tenant: its FCFS heap and how many of its entries are live.
         self._queues: dict[str, list[_Entry]] = {}
@@ -303,10 +303,12 @@ class FairShareScheduler:
             heapify(tenants)
 
 
-def _weight(value: object, name: str) -> float:
+def check_weight(value: object, name: str) -> float:
+    """*value* as a token weight (a finite ``float`` ``>= 0``), or ``TypeError`` /
+    ``ValueError`` naming *name*."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"FairShareScheduler: {name} must be a number, got {value!r}")
+        raise TypeError(f"{name} must be a number, got {value!r}")
     weight = float(value)
     if not math.isfinite(weight) or weight < 0:
-        raise ValueError(f"FairShareScheduler: {name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return weight
