@@ -4,6 +4,7 @@ tenant, SLO targets per class, and the fairness rows."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,9 @@ import pytest
 from conftest import EASY_CONFIG
 
 import simsim
+from simsim import cli
 from simsim.results import NO_CLASS, class_summary, requests_frame, summarize
+from simsim.run_folder import read_run_folder, write_run_folder
 from simsim.schedulers.fair import FairShareScheduler
 
 COSTS = EASY_CONFIG  # prefill = 100 + 2 * prompt tokens, decode step = 10 (microseconds)
@@ -228,3 +231,92 @@ def test_fair_share_is_fairer_than_fcfs_while_both_tenants_are_backlogged() -> N
     assert fair.loc["service_share", "early"] == pytest.approx(0.5, abs=0.1)
     assert fair.loc["jain_fairness_index", "early"] > 0.95
     assert fcfs.loc["jain_fairness_index", "early"] < 0.6
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _class_figures(folder: Path) -> dict[str, bool]:
+    """Which of the per-class figures plot_results would draw for *folder*."""
+    plots = pytest.importorskip("simsim.plots")
+    import matplotlib.pyplot as plt
+
+    results = read_run_folder(folder)
+    drawn = {}
+    for spec in plots.FIGURES:
+        if spec.filename in ("class_latency.png", "tenant_latency.png"):
+            fig = spec.draw(results)
+            drawn[spec.filename] = fig is not None
+            if fig is not None:
+                plt.close(fig)
+    return drawn
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_folder_that_names_classes_gets_the_per_class_figures(tmp_path: Path, fmt: str) -> None:
+    write_run_folder(tmp_path, {"requests": _mixed_frame()}, format=fmt)  # type: ignore[arg-type]
+    assert _class_figures(tmp_path) == {"class_latency.png": True, "tenant_latency.png": True}
+
+
+def test_a_folder_without_classes_gets_none(tmp_path: Path) -> None:
+    frame = _mixed_frame().drop(columns=["request_class"])
+    write_run_folder(tmp_path, {"requests": frame})
+    assert _class_figures(tmp_path) == {"class_latency.png": False, "tenant_latency.png": True}
+    frame = frame.drop(columns=["tenant", "priority", "deadline_us"])
+    write_run_folder(tmp_path, {"requests": frame})
+    assert _class_figures(tmp_path) == {"class_latency.png": False, "tenant_latency.png": False}
+    # a column present but empty (every request without a class) draws nothing either
+    frame["tenant"] = pd.array([None] * len(frame), dtype="string")
+    write_run_folder(tmp_path, {"requests": frame})
+    assert _class_figures(tmp_path)["tenant_latency.png"] is False
+
+
+def test_simsim_plot_writes_the_per_class_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("simsim.plots")
+    frame = _mixed_frame().drop(columns=["tenant"])
+    write_run_folder(tmp_path, {"requests": frame})
+    assert cli.main(["plot", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[-1] == str(tmp_path / "class_latency.png")
+    assert (tmp_path / "class_latency.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_class_latency_lines_are_each_class_s_sorted_values() -> None:
+    plots = pytest.importorskip("simsim.plots")
+    import matplotlib.pyplot as plt
+
+    frame = _mixed_frame()
+    fig = plots.draw_class_latency(frame)
+    try:
+        ttft, e2e = fig.axes[0], fig.axes[1]
+        labels = [line.get_label() for line in ttft.get_lines()]
+        assert [label.split(" (")[0] for label in labels] == ["batch", "chat", NO_CLASS]
+        chat = frame[frame["request_class"] == "chat"]
+        expected = np.sort(chat["e2e_latency_us"].to_numpy(dtype=float)) / 1000.0
+        np.testing.assert_allclose(e2e.get_lines()[1].get_xdata()[1:], expected)
+    finally:
+        plt.close(fig)
+
+
+def test_many_classes_keep_the_largest_and_share_one_line() -> None:
+    plots = pytest.importorskip("simsim.plots")
+    import matplotlib.pyplot as plt
+
+    frame = _mixed_frame()
+    frame["request_class"] = pd.array(
+        [f"c{rid % 14}" if rid % 14 else "big" for rid in range(len(frame))], dtype="string"
+    )
+    frame.loc[frame.index[:5], "request_class"] = "big"
+    fig = plots.draw_class_latency(frame)
+    try:
+        labels = [line.get_label() for line in fig.axes[1].get_lines()]
+        assert len(labels) == plots.CLASS_LINES
+        assert labels[0].startswith("big (")
+        rest = frame["request_class"].nunique() - (plots.CLASS_LINES - 1)
+        assert labels[-1].startswith(f"{rest} other classes (")
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match="by must be one of"):
+        plots.draw_class_latency(frame, by="priority")
