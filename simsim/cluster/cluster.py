@@ -9,6 +9,10 @@ names one replica, and the request arrives there inside that same event, as it w
 on that engine alone. Every request is routed once, at its arrival time, in the order
 of the arrival events (time, then submission order), so a run is deterministic.
 
+With an :class:`~simsim.AdmissionControl` (``admission=``), the arrival event checks
+the request first: a rejected request ends ``CANCELLED`` there and is never routed
+(:mod:`simsim.admission`); the replicas share the cluster's running counts.
+
 Snapshots are taken at a routing decision when the last ones are at least
 ``refresh_interval_us`` old (``0``: at every decision). Between two refreshes the
 router sees the load as it was, even the requests it has routed since.
@@ -23,6 +27,12 @@ from typing import TYPE_CHECKING, NoReturn, overload
 
 from simpy.events import PENDING, Event
 
+from simsim.admission import (
+    AdmissionControl,
+    AdmissionGate,
+    append_rejection,
+    check_admission,
+)
 from simsim.clock import Environment, check_count
 from simsim.cluster.routers import ReplicaSnapshot, Router, make_router
 from simsim.engines.arrivals import PendingArrivals
@@ -35,6 +45,7 @@ from simsim.errors import (
     StaleEventError,
     UnknownRequestError,
 )
+from simsim.records import EventLog, EventType
 from simsim.request import Request, RequestState
 
 if TYPE_CHECKING:
@@ -137,10 +148,13 @@ class _RouterView:
 class Cluster:
     """Replicas of any simsim server behind one router, on one environment.
 
-    ``Cluster(replicas, router="round_robin", *, refresh_interval_us=0)``: *replicas*
-    are engines (``SimulationEngine``, ``FastSimulationEngine``, ``BatchingEngine``, in
-    any mix) built on the same :class:`~simsim.Environment`, with nothing submitted
-    yet; submit through the cluster only. *router* is a
+    ``Cluster(replicas, router="round_robin", *, refresh_interval_us=0,
+    admission=None)``: *replicas* are engines (``SimulationEngine``,
+    ``FastSimulationEngine``, ``BatchingEngine``, in any mix) built on the same
+    :class:`~simsim.Environment`, with nothing submitted yet and no admission control
+    of their own; submit through the cluster only. An
+    :class:`~simsim.AdmissionControl` as *admission* checks each request once, at its
+    arrival, before routing. *router* is a
     :class:`~simsim.cluster.routers.Router` or the name of a built-in one (see
     :data:`~simsim.cluster.routers.ROUTERS`). Request ids are unique across the
     cluster. A request is checked at ``submit`` against every replica it could be
@@ -156,10 +170,11 @@ class Cluster:
         router: Router | str = "round_robin",
         *,
         refresh_interval_us: int = 0,
+        admission: AdmissionControl | None = None,
     ) -> None:
         engines = self._check_replicas(replicas, "replicas")
         view = _RouterView(make_router(router), tuple(range(len(engines))))
-        self._setup(engines, view, refresh_interval_us)
+        self._setup(engines, view, refresh_interval_us, admission)
 
     @staticmethod
     def _check_replicas(replicas: Sequence[EngineBase], name: str) -> tuple[EngineBase, ...]:
@@ -189,6 +204,12 @@ class Cluster:
                     f"{name}[{index}] is already a replica of {engine._cluster!r}; "
                     "an engine serves one cluster"
                 )
+            if engine.admission is not None:
+                raise ValueError(
+                    f"{name}[{index}] has an admission control of its own; a replica's is "
+                    "never consulted, so give admission= to the cluster, which checks each "
+                    "request once before routing"
+                )
         seen: set[int] = set()
         for index, engine in enumerate(engines):
             if id(engine) in seen:
@@ -199,8 +220,14 @@ class Cluster:
         return engines
 
     def _setup(
-        self, replicas: tuple[EngineBase, ...], front: _RouterView, refresh_interval_us: int
+        self,
+        replicas: tuple[EngineBase, ...],
+        front: _RouterView,
+        refresh_interval_us: int,
+        admission: AdmissionControl | None = None,
     ) -> None:
+        admission = check_admission(admission)
+        refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
         self._replicas = replicas
         self._env = replicas[0].env
         for engine in replicas:
@@ -218,7 +245,14 @@ class Cluster:
             if rule not in rules:
                 rules.add(rule)
                 self._admission_checks.append((index, engine._check_admissible))
-        self._refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
+        self._refresh_us = refresh_us
+        # Checked here at each arrival; the replicas keep its queue counts (admission
+        # and cancellation of a request that never was admitted).
+        self._admission = admission
+        self._gate: AdmissionGate | None = None if admission is None else admission.gate()
+        for engine in replicas:
+            engine._gate = self._gate
+        self._rejected = EventLog()  # the arrivals of rejected requests
         self._requests: dict[int, Request] = {}
         # request id -> index of the replica that holds it now (routed requests only)
         self._holder: dict[int, int] = {}
@@ -247,6 +281,11 @@ class Cluster:
     def router(self) -> Router:
         """The routing policy (for a disaggregated cluster, the prefill pool's)."""
         return self._front.router
+
+    @property
+    def admission(self) -> AdmissionControl | None:
+        """The admission control that checks each arrival before routing, or ``None``."""
+        return self._admission
 
     @property
     def refresh_interval_us(self) -> int:
@@ -342,6 +381,11 @@ class Cluster:
         request.transition_to(RequestState.CANCELLED, self._env.now)
         self._authorized[rid] = pending
         request._pending = request._event = None
+        self._notify_unrouted(request)
+
+    def _notify_unrouted(self, request: Request) -> None:
+        """*request*, never routed, is terminal: its completion and token events fire."""
+        rid = request.request_id
         event = self._completions.get(rid)
         if event is not None and event._value is PENDING:
             event.succeed(request)
@@ -420,9 +464,24 @@ class Cluster:
                 )
             )
         request._pending = None
+        if self._gate is not None:
+            reason = self._gate.arrive(request, self._env._now)
+            if reason is not None:
+                self._reject(request, reason, event.sequence)
+                return
         index = self._route(request, self._front)
         self._hand_to(request, index)
         self._replicas[index]._accept_routed(request, event.sequence)
+
+    def _reject(self, request: Request, reason: str, sequence: int) -> None:
+        """The admission control turned *request* away as it arrived: it ends
+        ``CANCELLED`` with its reason, unrouted; only its arrival is logged."""
+        now = self._env._now
+        request.transition_to(RequestState.CANCELLED, now)
+        request.rejection = reason
+        request._event = None
+        self._rejected.append(now, sequence, EventType.REQUEST_ARRIVAL, request.request_id)
+        self._notify_unrouted(request)
 
     def _route(self, request: Request, view: _RouterView) -> int:
         """Ask *view*'s router; returns the chosen replica's index in :attr:`replicas`."""
@@ -491,7 +550,8 @@ class Cluster:
     def requests_frame(self) -> pd.DataFrame:
         """One row per submitted request, in id order, with the engine columns and
         ``replica`` (the index it was routed to; ``<NA>`` if it never was);
-        ``cached_prompt_tokens`` is appended when any replica has a prefix cache."""
+        ``rejection`` is appended with an admission control, and
+        ``cached_prompt_tokens`` when any replica has a prefix cache."""
         import pandas as pd
 
         frame = self._base_frame()
@@ -508,6 +568,8 @@ class Cluster:
         from simsim.results import requests_frame
 
         frame = requests_frame(self._requests)
+        if self._admission is not None:
+            append_rejection(frame, self._requests)
         if any(isinstance(e, BatchingEngine) and e.prefix_cache for e in self._replicas):
             counts = [self._requests[rid].cached_prompt_token_count for rid in frame["request_id"]]
             frame["cached_prompt_tokens"] = pd.array(counts, dtype="int64")
@@ -528,8 +590,24 @@ class Cluster:
 
     def events_frame(self) -> pd.DataFrame:
         """Every replica's event log in one frame with a ``replica`` column, ordered by
-        ``(timestamp_us, sequence)`` (sequence numbers are the environment's, unique)."""
-        return self._merged("events_frame", ["timestamp_us", "sequence"])
+        ``(timestamp_us, sequence)`` (sequence numbers are the environment's, unique).
+
+        With an admission control, the arrivals of rejected requests are there too, with
+        ``replica`` ``<NA>`` (the column is then ``Int64``)."""
+        order = ["timestamp_us", "sequence"]
+        frame = self._merged("events_frame", order)
+        if self._admission is None:
+            return frame
+        import pandas as pd
+
+        from simsim.results import events_frame
+
+        rejected = events_frame(self._rejected)
+        rejected["replica"] = pd.array([None] * len(rejected), dtype="Int64")
+        frame["replica"] = frame["replica"].astype("Int64")
+        merged = pd.concat([frame, rejected], ignore_index=True)
+        ordered: pd.DataFrame = merged.sort_values(order, kind="stable", ignore_index=True)
+        return ordered
 
     def admissions_frame(self) -> pd.DataFrame:
         """Every replica's admissions with a ``replica`` column, in time order."""

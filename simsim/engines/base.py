@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import simpy
 from simpy.events import PENDING, Event
 
+from simsim.admission import (
+    AdmissionControl,
+    AdmissionGate,
+    append_rejection,
+    check_admission,
+)
 from simsim.backend import Backend, check_duration_us
 from simsim.clock import BOUNDARY, Environment, check_count
 from simsim.engines.arrivals import PendingArrivals
@@ -124,7 +130,11 @@ class EngineBase(ABC):
     """
 
     def __init__(
-        self, backend: Backend, scheduler: Scheduler | None, env: Environment | None
+        self,
+        backend: Backend,
+        scheduler: Scheduler | None,
+        env: Environment | None,
+        admission: AdmissionControl | None = None,
     ) -> None:
         for method in ("prefill_us", "decode_step_us"):
             if not callable(getattr(backend, method, None)):
@@ -148,6 +158,7 @@ class EngineBase(ABC):
             raise TypeError(
                 f"env must be a simsim.Environment (integer-microsecond clock), got {kind}"
             )
+        admission = check_admission(admission)
         self._backend = backend
         # A StepCostBackend's step_us prices all work when the backend's class defines
         # one (looked up on the class: an object that answers every attribute, such as
@@ -166,6 +177,10 @@ class EngineBase(ABC):
         self._failure: BaseException | None = None
         # The simsim.Cluster this engine is a replica of: requests come through it only.
         self._cluster: object | None = None
+        # Admission control: what the user gave, and its running state here (a replica
+        # of a cluster gets the cluster's gate, which it only keeps the queue counts of).
+        self._admission = admission
+        self._gate: AdmissionGate | None = None if admission is None else admission.gate()
         self._processed_event_count = 0
         self._ignored_cancelled_event_count = 0
         # request id -> the one event a cancellation allowed to be consumed silently
@@ -201,6 +216,11 @@ class EngineBase(ABC):
     def scheduler(self) -> Scheduler:
         """The admission policy."""
         return self._scheduler
+
+    @property
+    def admission(self) -> AdmissionControl | None:
+        """The admission control that checks each arrival, or ``None``."""
+        return self._admission
 
     @property
     @abstractmethod
@@ -292,11 +312,16 @@ class EngineBase(ABC):
     # ------------------------------------------------------------------ frames
 
     def requests_frame(self) -> pd.DataFrame:
-        """One row per request in id order; see :func:`simsim.results.requests_frame`."""
+        """One row per request in id order; see :func:`simsim.results.requests_frame`.
+        With an admission control, ``rejection`` is appended (see
+        :mod:`simsim.admission`)."""
         self._check_alive()
         from simsim.results import requests_frame
 
-        return requests_frame(self._requests)
+        frame = requests_frame(self._requests)
+        if self._admission is not None:
+            append_rejection(frame, self._requests)
+        return frame
 
     def events_frame(self) -> pd.DataFrame:
         """One row per :attr:`event_log` entry, same order."""
@@ -417,6 +442,8 @@ class EngineBase(ABC):
         elif state is RequestState.WAITING or state is RequestState.PREEMPTED:
             self._scheduler.remove(rid)
             request.transition_to(RequestState.CANCELLED, now)
+            if self._gate is not None and state is RequestState.WAITING:
+                self._gate.left_queue(request)  # never admitted: its queue place is free
         else:
             self._cancel_active(request, now)
         self._notify_terminal(request)
@@ -491,12 +518,29 @@ class EngineBase(ABC):
 
     @lifecycle_handler
     def _on_arrival(self, event: LifecycleEvent, request: Request) -> None:
-        """The request joins the scheduler's queue; an idle server fills its slot."""
+        """The request joins the scheduler's queue (unless the admission control rejects
+        it); an idle server fills its slot."""
         # First: whatever follows, the next held arrival must be in the heap (an
         # ignored arrival does the same in _ignore_or_fail).
         self._arrivals.popped()
         request._pending = None
+        if self._gate is not None:
+            reason = self._gate.arrive(request, self._env._now)
+            if reason is not None:
+                self._reject(request, reason, event.sequence)
+                return
         self._enqueue_arrival(request, event.sequence)
+
+    def _reject(self, request: Request, reason: str, sequence: int) -> None:
+        """The admission control turned *request* away as it arrived now: it ends
+        ``CANCELLED`` with its reason, and only its arrival is logged."""
+        now = self._env._now
+        request.transition_to(RequestState.CANCELLED, now)
+        request.rejection = reason
+        request._event = None
+        self._processed_event_count += 1
+        self._event_log.append(now, sequence, _ARRIVAL, request.request_id)
+        self._notify_terminal(request)
 
     def _enqueue_arrival(self, request: Request, sequence: int) -> None:
         """*request* has arrived now: queue it, log it under *sequence*, fill a free slot."""

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from simpy.events import Event
 
+from simsim.admission import AdmissionControl
 from simsim.backend import (
     Backend,
     FittedBackend,
@@ -173,8 +174,10 @@ class BatchingEngine(EngineBase):
 
     ``BatchingEngine(backend, scheduler=None, *, max_active_requests,
     max_batch_tokens=None, policy="prefill_first", kv_cache=None, prefix_cache=False,
-    env=None)``; ``prefix_cache=True`` (with a ``kv_cache``) shares the KV blocks of
-    common prefixes (``docs/batching.md``, "Prefix caching").
+    env=None, admission=None)``; ``prefix_cache=True`` (with a ``kv_cache``) shares the
+    KV blocks of common prefixes (``docs/batching.md``, "Prefix caching"); an
+    :class:`~simsim.AdmissionControl` as *admission* checks every arrival
+    (:mod:`simsim.admission`).
     Same ``submit``, ``run_next_timestamp``, ``run``, ``cancel_request``,
     ``completion``, accessors, failure rules and frames as
     :class:`~simsim.SimulationEngine`, plus :attr:`iteration_log` and
@@ -192,6 +195,7 @@ class BatchingEngine(EngineBase):
         kv_cache: KvCacheConfig | None = None,
         prefix_cache: bool = False,
         env: Environment | None = None,
+        admission: AdmissionControl | None = None,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
         if type(prefix_cache) is not bool:
@@ -213,7 +217,7 @@ class BatchingEngine(EngineBase):
             raise ValueError("policy 'mixed' needs max_batch_tokens (the per-iteration budget)")
         if kv_cache is not None and not isinstance(kv_cache, KvCacheConfig):
             raise TypeError(f"kv_cache must be a KvCacheConfig or None, got {kv_cache!r}")
-        super().__init__(backend, scheduler, env)
+        super().__init__(backend, scheduler, env, admission)
         self._max_active_requests = slots
         self._max_batch_tokens = max_batch_tokens
         self._policy = policy
@@ -526,6 +530,8 @@ class BatchingEngine(EngineBase):
                 self._free_blocks -= slot.blocks
             elif first_admission:
                 request.cached_prompt_token_count = slot.prefilled
+            if first_admission and self._gate is not None:
+                self._gate.left_queue(request)  # it stops counting as queued
             self._slots.append(slot)
             self._slot_of[request.request_id] = slot
             self._admission_log.append(now, request.request_id, epoch)

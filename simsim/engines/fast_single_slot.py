@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from simsim.admission import AdmissionControl
 from simsim.backend import Backend
 from simsim.clock import Environment
 from simsim.engines.base import LifecycleEvent, check_duration_us, lifecycle_handler
@@ -76,8 +77,15 @@ class FastSimulationEngine(SimulationEngine):
         *,
         max_active_requests: int = 1,
         env: Environment | None = None,
+        admission: AdmissionControl | None = None,
     ) -> None:
-        super().__init__(backend, scheduler, max_active_requests=max_active_requests, env=env)
+        super().__init__(
+            backend,
+            scheduler,
+            max_active_requests=max_active_requests,
+            env=env,
+            admission=admission,
+        )
         if self._price_step is not None:
             raise TypeError(
                 f"backend {backend!r} prices each step from its context (it has step_us); "

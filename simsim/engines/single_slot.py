@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from simsim.admission import AdmissionControl
 from simsim.backend import Backend, FittedBackend
 from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.engines.base import (
@@ -48,10 +49,12 @@ _COMPLETE = EventType.REQUEST_COMPLETE
 class SimulationEngine(EngineBase):
     """A serving engine with exactly one slot, driven by SimPy's event heap.
 
-    ``SimulationEngine(backend, scheduler=None, *, max_active_requests=1, env=None)``:
-    *scheduler* defaults to a new :class:`~simsim.FcfsScheduler`, *env* to a new
-    :class:`~simsim.Environment`. Share an environment with other SimPy processes by
-    passing it as *env*. ``max_active_requests`` must be ``1`` on this server.
+    ``SimulationEngine(backend, scheduler=None, *, max_active_requests=1, env=None,
+    admission=None)``: *scheduler* defaults to a new :class:`~simsim.FcfsScheduler`,
+    *env* to a new :class:`~simsim.Environment`. Share an environment with other SimPy
+    processes by passing it as *env*. ``max_active_requests`` must be ``1`` on this
+    server. An :class:`~simsim.AdmissionControl` as *admission* checks every arrival
+    (:mod:`simsim.admission`).
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class SimulationEngine(EngineBase):
         *,
         max_active_requests: int = 1,
         env: Environment | None = None,
+        admission: AdmissionControl | None = None,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
         if slots != 1:
@@ -68,7 +72,7 @@ class SimulationEngine(EngineBase):
                 f"max_active_requests={slots}: the single-slot SimulationEngine runs exactly "
                 "one request at a time (use BatchingEngine for more)"
             )
-        super().__init__(backend, scheduler, env)
+        super().__init__(backend, scheduler, env, admission)
         self._active: Request | None = None
         self._prefill_callbacks = (self._on_prefill_complete,)
         self._decode_callbacks = (self._on_decode_step,)
@@ -229,6 +233,8 @@ class SimulationEngine(EngineBase):
             raise time_overflow(at, f"request {rid}")
         self._commit(decision)
         request.transition_to(_PREFILLING, now)
+        if self._gate is not None:
+            self._gate.left_queue(request)  # admitted: it stops counting as queued
         event = request._event
         event.requeue(callback, event_type, at)
         request._pending = event
