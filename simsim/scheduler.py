@@ -194,8 +194,9 @@ class _HeapQueue:
     :class:`simsim.schedulers.HeapScheduler` share; a subclass writes ``enqueue``.
 
     The heap holds entries ``(order, request_id, enqueue number, record)``: the least
-    ``(order, request_id)`` is the head. ``order`` must end in the request's arrival time
-    so that ties fall to ``(arrival_time_us, request_id)``; the enqueue number is unique,
+    ``(order, request_id)`` is the head. ``order`` sorts as a tuple ending in the
+    request's arrival time (the arrival itself for FCFS, a pair or a packed int for a
+    HeapScheduler), so ties fall to ``(arrival_time_us, request_id)``; the enqueue number is unique,
     so comparisons never reach the record. Removal is lazy: a removed request's entry
     stays until it reaches the top, and the heap's top is always live.
     """
