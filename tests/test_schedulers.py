@@ -361,3 +361,26 @@ def test_with_aging_a_large_request_is_admitted_within_the_documented_bound(kind
     if kind == "single":
         ahead = sum(1 for r in engine.requests.values() if r.arrival_time_us < v) - 1
         assert large.admit_time_us <= v + ahead * 112
+
+
+def test_integer_keys_are_packed_and_checked() -> None:
+    class ByTag(HeapScheduler):
+        integer_keys = True
+
+        def order_key(self, item: simsim.QueuedRequest) -> Any:
+            assert item.tags is not None
+            return item.tags["rank"]
+
+    sched = ByTag()
+    # huge and negative ranks keep their order (key * 2**64 + arrival)
+    sched.enqueue(Q(0, 7, 1, 1, tags={"rank": 2**70}))
+    sched.enqueue(Q(1, 9, 1, 1, tags={"rank": -(2**70)}))
+    sched.enqueue(Q(2, simsim.clock.MAX_TIME_US, 1, 1, tags={"rank": -5}))
+    sched.enqueue(Q(3, 0, 1, 1, tags={"rank": -4}))
+    before = _state(sched)
+    with pytest.raises(
+        TypeError, match=r"ByTag.order_key returned float 1.5 for request 4; .* ints"
+    ):
+        sched.enqueue(Q(4, 0, 1, 1, tags={"rank": 1.5}))
+    assert _state(sched) == before
+    assert _drain(sched) == [1, 2, 3, 0]

@@ -24,6 +24,7 @@ class EarliestDeadlineFirstScheduler(HeapScheduler):
     """
 
     __slots__ = ()
+    integer_keys = True
 
     def order_key(self, item: QueuedRequest) -> int:
         """``item.deadline_us``, or :data:`NO_DEADLINE_KEY` (``2**63``) when it is ``None``."""

@@ -22,6 +22,7 @@ class PriorityScheduler(HeapScheduler):
     """
 
     __slots__ = ()
+    integer_keys = True
 
     def order_key(self, item: QueuedRequest) -> int:
         """``item.priority`` (an int; a bool or non-integer is refused with ``TypeError``)."""

@@ -69,11 +69,17 @@ class SizeOrderedScheduler(HeapScheduler):
         self._aging_per_s = aging
         # Microseconds of virtual delay per unit of size (None: no aging).
         self._us_per_size = 1_000_000 / aging if aging else None
+        # Without aging, integer sizes are packed keys (see HeapScheduler.integer_keys).
+        self._integer_keys = not aging and self._integer_sizes()
 
     @property
     def aging_per_s(self) -> int | float:
         """Units of job size forgiven per second of waiting (``0``: no aging)."""
         return self._aging_per_s
+
+    def _integer_sizes(self) -> bool:
+        """Whether :meth:`job_size` always returns an ``int`` (called by ``__init__``)."""
+        return False
 
     @abstractmethod
     def job_size(self, item: QueuedRequest) -> int | float:
@@ -105,6 +111,9 @@ class ShortestPromptFirstScheduler(SizeOrderedScheduler):
     """
 
     __slots__ = ()
+
+    def _integer_sizes(self) -> bool:
+        return True
 
     def job_size(self, item: QueuedRequest) -> int:
         """``item.prompt_token_count``."""
@@ -138,9 +147,9 @@ class ShortestJobFirstScheduler(SizeOrderedScheduler):
                 f"{name}: predict must be a function of a QueuedRequest returning its "
                 f"job size, got {type(predict).__name__} {predict!r}"
             )
-        super().__init__(aging_per_s)
         self._prompt_weight = weight
         self._predict = predict
+        super().__init__(aging_per_s)
 
     @property
     def prompt_weight(self) -> int | float:
@@ -151,6 +160,10 @@ class ShortestJobFirstScheduler(SizeOrderedScheduler):
     def predict(self) -> Callable[[QueuedRequest], float] | None:
         """The job-size predictor, or ``None`` (the output limit is the size)."""
         return self._predict
+
+    def _integer_sizes(self) -> bool:
+        weight = self._prompt_weight
+        return self._predict is None and (not weight or type(weight) is int)
 
     def job_size(self, item: QueuedRequest) -> int | float:
         """``predict(item)`` (or ``max_output_tokens``) ``+ prompt_weight * prompt_token_count``."""
