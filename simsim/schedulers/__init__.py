@@ -19,6 +19,7 @@ from typing import Any
 from simsim.scheduler import FcfsScheduler, Scheduler
 from simsim.schedulers.base import HeapScheduler
 from simsim.schedulers.edf import EarliestDeadlineFirstScheduler
+from simsim.schedulers.fair import FairShareScheduler
 from simsim.schedulers.priority import PriorityScheduler
 from simsim.schedulers.sjf import (
     ShortestJobFirstScheduler,
@@ -29,6 +30,7 @@ from simsim.schedulers.sjf import (
 __all__ = [
     "SCHEDULERS",
     "EarliestDeadlineFirstScheduler",
+    "FairShareScheduler",
     "FcfsScheduler",
     "HeapScheduler",
     "PriorityScheduler",
@@ -44,6 +46,7 @@ SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "shortest_prompt": ShortestPromptFirstScheduler,
     "shortest_job": ShortestJobFirstScheduler,
     "edf": EarliestDeadlineFirstScheduler,
+    "fair": FairShareScheduler,
 }
 """Policy name -> factory (called with the policy's options as keyword arguments)."""
 
