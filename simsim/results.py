@@ -632,13 +632,13 @@ def _per_replica(
 ) -> pd.DataFrame:
     """One row per replica of *pool*: the columns :func:`replica_summary` documents."""
     index = pd.Index(pool.indices, dtype="int64", name="replica")
-    groups = selected.groupby(selected[pool.column].astype("Int64"))
+    where = selected[pool.column].astype("Int64")
+    groups = selected.groupby(where)
+    # Counted as numbers (an empty selection's string column would refuse a 0 fill).
+    finished = (selected["state"].astype(str) == _FINISHED.name).astype("int64").groupby(where)
     data: dict[str, Any] = {
         "requests": groups.size().reindex(index, fill_value=0).astype("int64"),
-        "finished": groups["state"]
-        .agg(lambda s: int((s.astype(str) == _FINISHED.name).sum()))
-        .reindex(index, fill_value=0)
-        .astype("int64"),
+        "finished": finished.sum().reindex(index, fill_value=0).astype("int64"),
         "prompt_tokens": groups["prompt_token_count"].sum().reindex(index, fill_value=0),
         "generated_tokens": groups["generated_token_count"].sum().reindex(index, fill_value=0),
         "utilization": pd.Series(_utilizations(requests, pool, start, end), index=index),
