@@ -5,9 +5,11 @@ holds (so a prefix cache helps if the router sends a group to the same replicas)
 arrive as a Poisson stream at a load the fleet can carry. Each built-in router, and one
 written here, routes the same requests; the table shows how the latency, the
 prefix-cache hit rate and the balance of the load change with the policy. Then the same
-eight machines split into three prefill and five decode replicas show what
-disaggregation costs on this workload (here: more than it buys, as the decode pool runs
-near its limit).
+eight machines split into four prefill and four decode replicas show what
+disaggregation does on this workload: here it loses, because four decode replicas must
+carry the decoding that eight shared, and they become the bottleneck (a request's TTFT
+includes its wait for decode memory), while what it buys, decode steps no longer
+stretched by prefills sharing their iteration, is small at this prompt mix.
 
 Run it:  python examples/cluster_routing.py
 """
@@ -32,7 +34,7 @@ REPLICAS = 8
 RATE = 60
 GROUPS = 16
 BLOCKS = 1_024
-PREFILL = 3
+PREFILL = 4
 SPLIT = f"{PREFILL} prefill + {REPLICAS - PREFILL} decode"
 WORKLOAD = OpenLoopWorkload(
     arrivals=PoissonArrivals(rate_per_s=RATE),

@@ -170,7 +170,8 @@ def test_least_outstanding_and_its_tie_break() -> None:
     request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
     router = LeastOutstandingRouter()
     assert router.route(request, [snapshot(0, 2, 1), snapshot(1, 0, 2), snapshot(2, 1, 1)]) == 1
-    assert router.route(request, [snapshot(0, 1, 1), snapshot(1, 0, 2), snapshot(2, 2, 0)]) == 0
+    # all tied at 2: the turn goes to the replica after the previous choice (1)
+    assert router.route(request, [snapshot(0, 1, 1), snapshot(1, 0, 2), snapshot(2, 2, 0)]) == 2
 
 
 def test_least_kv_cache_breaks_ties_by_load_then_index() -> None:
@@ -246,25 +247,36 @@ def test_make_router_names_the_choices() -> None:
         make_router(object())  # type: ignore[arg-type]
 
 
-def test_a_stale_snapshot_keeps_the_load_it_saw() -> None:
+@pytest.mark.parametrize(
+    ("refresh_us", "routes", "ttft_us"),
+    [(0, [0, 1, 0, 0], 6_160), (1_000_000, [0, 1, 0, 1], 507_320)],
+)
+def test_a_stale_snapshot_keeps_the_load_it_saw(
+    refresh_us: int, routes: list[int], ttft_us: int
+) -> None:
+    # docs/cluster.md's example: a long request on replica 1, then a short one at 0.5 s
     env = simsim.Environment()
+    costs = simsim.SimulatedBackendConfig(1_000, 20, 0, 5_000, 0)
     cluster = Cluster(
-        [single(env) for _ in range(2)], "least_outstanding", refresh_interval_us=1_000_000
+        [simsim.SimulationEngine(simsim.SimulatedBackend(costs), env=env) for _ in range(2)],
+        "least_outstanding",
+        refresh_interval_us=refresh_us,
     )
-    for rid in range(4):  # all at once: every decision reads the snapshot of the first
-        cluster.submit(
-            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
-        )
+    for rid, (at, tokens) in enumerate([(0, 2), (0, 200), (0, 2), (500_000, 2)]):
+        cluster.submit(simsim.Request(rid, at, 8, tokens))
     cluster.run()
-    assert list(cluster.routes_frame()["replica"]) == [0, 0, 0, 0]
-    env = simsim.Environment()
-    fresh = Cluster([single(env) for _ in range(2)], "least_outstanding")
-    for rid in range(4):
-        fresh.submit(
-            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
-        )
-    fresh.run()
-    assert list(fresh.routes_frame()["replica"]) == [0, 1, 0, 1]
+    assert list(cluster.routes_frame()["replica"]) == routes
+    assert cluster.requests_frame()["ttft_us"].tolist()[3] == ttft_us
+
+
+def test_ties_take_turns() -> None:
+    router = LeastOutstandingRouter()
+    request = simsim.Request(0, arrival_time_us=0, prompt_token_count=1, max_output_tokens=1)
+    idle = [snapshot(i) for i in range(3)]
+    assert [router.route(request, idle) for _ in range(4)] == [0, 1, 2, 0]
+    # a unique least loaded replica wins, and the turn moves on from it
+    assert router.route(request, [snapshot(0, 1), snapshot(1, 1), snapshot(2, 0)]) == 2
+    assert router.route(request, idle) == 0
 
 
 def test_a_router_answering_out_of_range_fails_the_cluster() -> None:

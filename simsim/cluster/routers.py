@@ -4,8 +4,10 @@ A router sees the replicas only through :class:`ReplicaSnapshot` objects, which 
 cluster refreshes at most once every ``refresh_interval_us`` (``0``: before every
 decision), the way a real router reads load that is a little old. It answers the index
 of the replica, ``0 <= index < len(replicas)``. Every built-in router breaks ties the
-same way, by fewer outstanding requests and then by the lower index, so a run is
-deterministic; the two that draw at random use their own seeded generator.
+same way: fewer outstanding requests first, then, among replicas still tied, the first
+one at or after the replica following its previous choice, in cyclic order (so equally
+loaded replicas take turns instead of the first one taking every tie). A run is
+deterministic; the two routers that draw at random use their own seeded generator.
 
 Write your own by giving any object a ``route(request, replicas) -> int`` method
 (:class:`Router`).
@@ -81,13 +83,23 @@ class Router(Protocol):
         ...
 
 
-def _least_loaded(candidates: Sequence[ReplicaSnapshot]) -> int:
-    """The tie-break every router ends with: fewest outstanding, then lowest index."""
-    best = candidates[0]
-    for snapshot in candidates:
-        if (snapshot.outstanding, snapshot.replica) < (best.outstanding, best.replica):
-            best = snapshot
-    return best.replica
+class _TakingTurns:
+    """The tie-break every built-in router ends with (see the module's docs)."""
+
+    _after = 0  # the position after the previous choice: ties go there first
+
+    def _least_loaded(self, candidates: Sequence[ReplicaSnapshot], count: int) -> int:
+        """Fewest outstanding among *candidates*; ties to the first at or after
+        :attr:`_after` in cyclic order over *count* replicas. Records the choice."""
+        start = self._after
+        best = candidates[0]
+        best_key = (best.outstanding, (best.replica - start) % count)
+        for snapshot in candidates:
+            key = (snapshot.outstanding, (snapshot.replica - start) % count)
+            if key < best_key:
+                best, best_key = snapshot, key
+        self._after = (best.replica + 1) % count
+        return best.replica
 
 
 class RoundRobinRouter:
@@ -121,32 +133,32 @@ class RandomRouter:
         return f"RandomRouter(seed={self.seed})"
 
 
-class LeastOutstandingRouter:
-    """Join the shortest queue: ``argmin outstanding``, ties to the lower index."""
+class LeastOutstandingRouter(_TakingTurns):
+    """Join the shortest queue: ``argmin outstanding``, ties taking turns."""
 
     def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
         """The replica with the fewest outstanding requests."""
-        return _least_loaded(replicas)
+        return self._least_loaded(replicas, len(replicas))
 
     def __repr__(self) -> str:
         return "LeastOutstandingRouter()"
 
 
-class LeastKvCacheRouter:
-    """``argmin kv_cache_usage``, ties to fewer outstanding, then the lower index."""
+class LeastKvCacheRouter(_TakingTurns):
+    """``argmin kv_cache_usage``, ties to fewer outstanding, then taking turns."""
 
     def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
         """The replica with the emptiest KV cache."""
         low = min(snapshot.kv_cache_usage for snapshot in replicas)
-        return _least_loaded([s for s in replicas if s.kv_cache_usage == low])
+        return self._least_loaded([s for s in replicas if s.kv_cache_usage == low], len(replicas))
 
     def __repr__(self) -> str:
         return "LeastKvCacheRouter()"
 
 
-class PowerOfTwoRouter:
+class PowerOfTwoRouter(_TakingTurns):
     """Two distinct replicas drawn at random (``random.Random(seed).sample``); the one
-    with fewer outstanding requests takes the request, ties to the lower index."""
+    with fewer outstanding requests takes the request, ties taking turns."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = check_count(seed, "seed")
@@ -157,25 +169,26 @@ class PowerOfTwoRouter:
         if len(replicas) == 1:
             return 0
         first, second = self._random.sample(range(len(replicas)), 2)
-        return _least_loaded([replicas[first], replicas[second]])
+        return self._least_loaded([replicas[first], replicas[second]], len(replicas))
 
     def __repr__(self) -> str:
         return f"PowerOfTwoRouter(seed={self.seed})"
 
 
-class PrefixAffinityRouter:
+class PrefixAffinityRouter(_TakingTurns):
     """The replica whose prefix cache holds the longest prefix of the request's
     ``block_hashes`` (``argmax cached_prefix_blocks``), ties to fewer outstanding, then
-    the lower index; a request without hashes goes to the least loaded replica."""
+    taking turns; a request without hashes goes to the least loaded replica."""
 
     def route(self, request: Request, replicas: Sequence[ReplicaSnapshot]) -> int:
         """The replica with the longest cached prefix."""
         hashes = request.block_hashes
         if not hashes:
-            return _least_loaded(replicas)
+            return self._least_loaded(replicas, len(replicas))
         matched = [snapshot.cached_prefix_blocks(hashes) for snapshot in replicas]
         best = max(matched)
-        return _least_loaded([s for s, m in zip(replicas, matched, strict=True) if m == best])
+        tied = [s for s, m in zip(replicas, matched, strict=True) if m == best]
+        return self._least_loaded(tied, len(replicas))
 
     def __repr__(self) -> str:
         return "PrefixAffinityRouter()"
@@ -221,13 +234,13 @@ from 0 (worst) to 1 (best):
 """
 
 
-class WeightedRouter:
+class WeightedRouter(_TakingTurns):
     """A weighted sum of normalised scorers, the scheme of llm-d's inference scheduler.
 
     ``score_i = sum(weight_s * scorer_s(i))`` over the scorers named in *weights*
     (keys of :data:`SCORERS`, weights finite and >= 0, at least one above 0); the
     replica with the highest score takes the request, ties to fewer outstanding, then
-    the lower index.
+    taking turns.
     """
 
     def __init__(self, weights: Mapping[str, float] | None = None) -> None:
@@ -258,7 +271,8 @@ class WeightedRouter:
                 for i, score in enumerate(SCORERS[name](replicas, request)):
                     totals[i] += weight * score
         best = max(totals)
-        return _least_loaded([s for s, t in zip(replicas, totals, strict=True) if t == best])
+        tied = [s for s, t in zip(replicas, totals, strict=True) if t == best]
+        return self._least_loaded(tied, len(replicas))
 
     def __repr__(self) -> str:
         return f"WeightedRouter(weights={dict(self.weights)!r})"
