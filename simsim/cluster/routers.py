@@ -297,7 +297,7 @@ def make_router(router: Router | str, **options: Any) -> Router:
     if isinstance(router, str):
         factory = ROUTERS.get(router)
         if factory is None:
-            raise ValueError(f"unknown router {router!r}; choose one of {sorted(ROUTERS)}")
+            raise ValueError(f"unknown router {router!r}; choose one of {list(ROUTERS)}")
         try:
             return factory(**options)
         except TypeError as error:
