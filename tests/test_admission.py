@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import EASY_CONFIG
 from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,14 +18,8 @@ from simsim.admission import AdmissionControl, Limit
 from simsim.cluster.cluster import Cluster
 from simsim.engines.base import EngineBase
 
-#: prefill 1 ms + 10 us a token; a decode step 2 ms
-COSTS = simsim.SimulatedBackendConfig(
-    prefill_base_us=1_000,
-    prefill_per_token_us=10,
-    prefill_per_active_sequence_us=0,
-    decode_base_us=2_000,
-    decode_per_active_sequence_us=0,
-)
+#: prefill 100 us + 2 us a token, a decode step 10 us
+COSTS = EASY_CONFIG
 
 Server = EngineBase | Cluster
 
@@ -360,7 +355,7 @@ def test_a_rejected_request_is_cancelled_at_arrival_and_only_its_arrival_is_logg
     assert rejected.rejection == "rate_limited"
     assert (rejected.finish_time_us, rejected.admit_time_us) == (500, None)
     assert rejected.generated_token_count == 0
-    assert (1, 500, "CANCELLED") in seen and (0, 3_040, "FINISHED") in seen
+    assert (1, 500, "CANCELLED") in seen and (0, 118, "FINISHED") in seen
     events = server.events_frame()
     mine = events[events["request_id"] == 1]
     assert mine["event_type"].tolist() == ["REQUEST_ARRIVAL"]
@@ -421,16 +416,16 @@ NAMES = [None, "a", "b", "c"]
 def workloads(draw: st.DrawFn) -> dict[str, Any]:
     count = draw(st.integers(1, 25))
     gaps = draw(
-        st.lists(st.sampled_from([0, 0, 1, 900, 30_000, 400_000]), min_size=count, max_size=count)
+        st.lists(
+            st.sampled_from([0, 0, 1, 40, 300, 30_000, 400_000]), min_size=count, max_size=count
+        )
     )
     names = draw(st.lists(st.sampled_from(NAMES), min_size=count, max_size=count))
     sizes = draw(
         st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4)), min_size=count, max_size=count)
     )
     cancels = draw(
-        st.lists(
-            st.sampled_from([None, None, None, 0, 1_000, 50_000]), min_size=count, max_size=count
-        )
+        st.lists(st.sampled_from([None, None, None, 0, 50, 300]), min_size=count, max_size=count)
     )
     keyed = draw(st.dictionaries(st.sampled_from(["a", "b", "*"]), LIMITS, max_size=3))
     times = [sum(gaps[: i + 1]) for i in range(count)]
