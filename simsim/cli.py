@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -44,7 +44,7 @@ from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import SimulationError
-from simsim.results import summarize
+from simsim.results import NO_CLASS, class_summary, summarize
 from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
 from simsim.scenario import (
     Scenario,
@@ -368,7 +368,13 @@ def _run(args: argparse.Namespace) -> int:
     )
     if isinstance(engine, Cluster):
         server.extend(_cluster_lines(engine, scenario, frames["requests"], summary["value"]))
+    if scenario.scheduler != "fcfs":
+        options = ", ".join(f"{key} {value:g}" for key, value in scenario.scheduler_options)
+        server.append(f"scheduler     {scenario.scheduler}{f' ({options})' if options else ''}")
     print(_summary_table(summary, frames["requests"], server))
+    classes = _class_lines(frames["requests"], scenario.slo_targets())
+    if classes:
+        print("\n".join(classes))
     events = sum(replica.processed_event_count for replica in replicas)
     print(
         f"{events} events simulated in {wall_s:.2f} s of wall time; "
@@ -611,6 +617,59 @@ def _summary_table(
         cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
         lines.append(f"{label:<14}{cells}   {present} {covers}")
     return "\n".join(lines)
+
+
+def _class_lines(
+    requests: pd.DataFrame, targets: Mapping[str, tuple[float | None, float | None]]
+) -> list[str]:
+    """One line per request class (or, with no classes, per tenant), from
+    :func:`~simsim.results.class_summary`: its requests (and how many an admission
+    control rejected), TTFT percentiles, p99 end-to-end latency, and the share of its
+    requests that finished within its own SLO targets (*targets*: class -> (TTFT, TPOT)
+    in us; rejected and cancelled requests count as missed). Nothing when the requests
+    have neither."""
+    by = next(
+        (
+            name
+            for name in ("request_class", "tenant")
+            if name in requests.columns and requests[name].notna().any()
+        ),
+        None,
+    )
+    if by is None:
+        return []
+    table = class_summary(requests, by, slo=targets if by == "request_class" else None)
+    keys = requests[by].astype("object").where(requests[by].notna(), NO_CLASS)
+    rejections = "rejection" in requests.columns  # an admission control ran
+    width = max(14, *(len(str(name)) + 2 for name in table.columns))
+    noun = "class" if by == "request_class" else "tenant"
+    rejected_head = f"{'rejected':>10}" if rejections else ""
+    head = f"{'per ' + noun:<{width}}{'requests':>9}{rejected_head}"
+    lines = [f"{head}{'p50 TTFT':>12}{'p99 TTFT':>12}{'p99 e2e':>12}   SLO attained"]
+    for name in table.columns:
+        values = table[name]
+        rejected = ""
+        if rejections:
+            rejected = f"{int(requests['rejection'][keys == name].notna().sum()):>10}"
+        cells = "".join(
+            f"{'n/a' if pd.isna(values[key]) else _duration(values[key]):>12}"
+            for key in ("ttft_us_p50", "ttft_us_p99", "e2e_latency_us_p99")
+        )
+        ttft_slo, tpot_slo = (
+            targets.get(name, (None, None)) if by == "request_class" else (None, None)
+        )
+        goals = [
+            f"{label} {_duration(target)}"
+            for label, target in (("TTFT", ttft_slo), ("TPOT", tpot_slo))
+            if target is not None
+        ]
+        attained = (
+            f"{values['slo_attainment']:.1%} (within {', '.join(goals)})"
+            if goals
+            else "n/a (no target)"
+        )
+        lines.append(f"{name:<{width}}{values['requests']:>9.0f}{rejected}{cells}   {attained}")
+    return lines
 
 
 def _duration(value_us: float) -> str:

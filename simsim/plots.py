@@ -13,6 +13,9 @@ and writes:
 - ``replica_load.png``: for a cluster's folder (a requests table with replica
   columns), the requests on each replica over time, as a heat map (replica x time),
   drawn by :func:`draw_replica_load`.
+- ``class_latency.png`` and ``tenant_latency.png``: when the requests table names
+  request classes (or tenants), TTFT and end-to-end latency CDFs with one line per
+  class (per tenant), drawn by :func:`draw_class_latency`.
 
 :func:`plot_sweep` reads a sweep's folder and writes ``sweep_latency.png`` (TTFT, TPOT
 and end-to-end percentiles) and ``sweep_throughput.png``, against load, one line per
@@ -55,12 +58,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import _replica_pools
+from simsim.results import CLASS_KEYS, NO_CLASS, _replica_pools
 from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import read_sweep_folder
 
 __all__ = [
+    "CLASS_LINES",
     "FIGURES",
     "GANTT_MAX_REQUESTS",
     "ITERATIONS_BIN_AFTER",
@@ -68,6 +72,7 @@ __all__ = [
     "REPLICA_LOAD_WINDOWS",
     "FigureSpec",
     "SweepFolder",
+    "draw_class_latency",
     "draw_gantt",
     "draw_iterations",
     "draw_latency_cdf",
@@ -95,6 +100,9 @@ ITERATIONS_BIN_AFTER: Final = 400
 
 ITERATION_WINDOWS: Final = 150
 """How many equal time windows the binned token panel uses."""
+
+CLASS_LINES: Final = 10
+"""The per-class latency figure draws at most this many lines (the rest share one)."""
 
 REPLICA_LOAD_WINDOWS: Final = 200
 """How many equal time windows the replica load heat map has."""
@@ -254,6 +262,81 @@ def draw_latency_cdf(requests: pd.DataFrame, *, measured: bool = False) -> Figur
     axes[0].set_ylabel("fraction of requests")
     fig.suptitle(f"Latency CDFs ({MEASURED_NOTE if measured else SIMULATED_NOTE})")
     return fig
+
+
+def draw_class_latency(
+    requests: pd.DataFrame, by: str = "request_class", *, measured: bool = False
+) -> Figure:
+    """Empirical CDFs of TTFT and end-to-end latency (ms), one line per request class.
+
+    *by* is the requests table's column that names the class: ``"request_class"`` or
+    ``"tenant"``. Requests that name none form the line ``(none)``
+    (:data:`simsim.results.NO_CLASS`). Above :data:`CLASS_LINES` classes, the largest
+    ones keep a line each and the rest share one. The legend gives each line's request
+    count and p99. *measured*: the times come from ``simsim replay``.
+    """
+    names = _class_column(requests, by)
+    counts = names.value_counts(sort=False)
+    ordered = sorted(counts.index, key=lambda name: (name == NO_CLASS, str(name)))
+    if len(ordered) > CLASS_LINES:
+        largest = set(sorted(ordered, key=lambda name: -int(counts[name]))[: CLASS_LINES - 1])
+        rest = len(ordered) - len(largest)
+        other = f"{rest} other classes"
+        names = names.where(names.isin(largest), other)
+        ordered = [name for name in ordered if name in largest] + [other]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, layout="constrained")
+    kind = "measured" if measured else "simulated"
+    colors = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+    for ax, column, label in (
+        (axes[0], "ttft_us", "TTFT"),
+        (axes[1], "e2e_latency_us", "end-to-end latency"),
+    ):
+        ax.set_title(f"{label} per {'tenant' if by == 'tenant' else 'request class'}")
+        ax.set_xlabel(f"{label} (ms, {kind})")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, alpha=0.3)
+        drawn = False
+        for number, name in enumerate(ordered):
+            mine = (names == name).to_numpy(dtype=bool)
+            values_ms = np.sort(_present(requests[column][mine])) / 1000.0
+            n = len(values_ms)
+            if n == 0:
+                continue
+            p99 = float(np.quantile(values_ms, 0.99))
+            ax.step(
+                np.concatenate([[values_ms[0]], values_ms]),
+                np.concatenate([[0.0], np.arange(1, n + 1) / n]),
+                where="post",
+                color=colors[number % len(colors)],
+                label=f"{name} ({n} of {int(mine.sum())}, p99 = {_fmt_ms(p99)})",
+            )
+            drawn = True
+        if drawn:
+            _log_x_if_wide(ax)
+            ax.legend(loc="lower right", fontsize="small")
+        else:
+            _no_data(ax, f"no request has a {label}")
+    axes[0].set_ylabel("fraction of the class's requests")
+    fig.suptitle(f"Latency CDFs per class ({MEASURED_NOTE if measured else SIMULATED_NOTE})")
+    return fig
+
+
+def _log_x_if_wide(ax: Axes) -> None:
+    """A log x axis when the lines' positive values span more than three decades
+    (an interactive class beside a batch one)."""
+    values = np.concatenate([np.asarray(line.get_xdata(), dtype=float) for line in ax.get_lines()])
+    values = values[np.isfinite(values) & (values > 0)]
+    if len(values) and values.max() / values.min() > 1000:
+        ax.set_xscale("log")
+
+
+def _class_column(requests: pd.DataFrame, by: str) -> pd.Series[str]:
+    """Each request's class name (*by*'s value, or ``(none)``), as strings."""
+    if by not in CLASS_KEYS:
+        raise ValueError(f"by must be one of {CLASS_KEYS}, got {by!r}")
+    if by not in requests.columns:
+        return pd.Series(NO_CLASS, index=requests.index, dtype="object")
+    return requests[by].astype("string").fillna(NO_CLASS).astype("object")
 
 
 def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
@@ -737,6 +820,18 @@ def _replica_load_if_cluster(results: RunFolder) -> Figure | None:
     return draw_replica_load(requests, end_us if isinstance(end_us, int) else None)
 
 
+def _class_latency_if_named(by: str) -> Callable[[RunFolder], Figure | None]:
+    """The per-class latency figure by *by*, for a folder whose requests name one."""
+
+    def draw(results: RunFolder) -> Figure | None:
+        requests = results.requests()
+        if by not in requests.columns or not requests[by].notna().any():
+            return None
+        return draw_class_latency(requests, by, measured=results.measured)
+
+    return draw
+
+
 FIGURES: Final[Sequence[FigureSpec]] = (
     FigureSpec(
         "latency_cdf.png",
@@ -754,6 +849,8 @@ FIGURES: Final[Sequence[FigureSpec]] = (
         ),
     ),
     FigureSpec("replica_load.png", _replica_load_if_cluster),
+    FigureSpec("class_latency.png", _class_latency_if_named("request_class")),
+    FigureSpec("tenant_latency.png", _class_latency_if_named("tenant")),
 )
 """The figures of :func:`plot_results`, in the order they are written and listed."""
 

@@ -29,11 +29,15 @@ from simsim.admission import REJECTION_REASONS
 from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import Request, RequestState
+from simsim.schedulers.fair import check_weight
 
 __all__ = [
+    "CLASS_KEYS",
     "DEFAULT_PERCENTILES",
+    "NO_CLASS",
     "REQUEST_COLUMNS",
     "admissions_frame",
+    "class_summary",
     "events_frame",
     "iterations_frame",
     "percentile_label",
@@ -171,6 +175,7 @@ def summarize(
     warmup_us: int | None = None,
     until_us: int | None = None,
     replicas: int | tuple[int, int] | None = None,
+    by: str | None = None,
 ) -> pd.DataFrame:
     """Summarise a :func:`requests_frame`: one row per metric, in a ``value`` column.
 
@@ -240,7 +245,28 @@ def summarize(
     replica that received no request counts; by default the highest replica index in
     the frame decides. A frame without these columns gets none of these rows and
     *replicas* must be ``None``.
+
+    **Per class** (``by="request_class"``, ``"class"`` or ``"tenant"``): the same rows
+    per request class or per tenant, one column per class instead of ``value``, with
+    the fairness rows for tenants; ``ttft_slo_us`` and ``tpot_slo_us`` then apply to
+    every class. This is :func:`class_summary`, which also takes targets per class;
+    *slots* and *replicas* must be ``None``.
     """
+    if by is not None:
+        if slots is not None or replicas is not None:
+            raise ValueError(
+                f"summarize(by={by!r}) gives per-class rows only: slots ({slots!r}) and "
+                f"replicas ({replicas!r}) must be None; call summarize without by for them"
+            )
+        targets = {"ttft_us": ttft_slo_us, "tpot_us": tpot_slo_us}
+        return class_summary(
+            requests,
+            by,
+            slo=None if ttft_slo_us is None and tpot_slo_us is None else {"*": targets},
+            percentiles=percentiles,
+            warmup_us=warmup_us,
+            until_us=until_us,
+        )
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
         raise ValueError(f"summarize needs a requests_frame(); missing columns {missing}")
@@ -252,6 +278,36 @@ def summarize(
         tpot_slo_us = _non_negative_real(tpot_slo_us, "tpot_slo_us")
     pools = _replica_pools(requests, replicas, required=False)
     start_us, end_us, selected = _window(requests, warmup_us, until_us)
+    metrics = _request_metrics(selected, start_us, end_us, labels, ttft_slo_us, tpot_slo_us)
+    if slot_count is not None:
+        metrics.update(_occupancy(requests, start_us, end_us, slot_count))
+    if "cached_prompt_tokens" in selected.columns:
+        cached = selected["cached_prompt_tokens"].astype("float64")
+        prompts = float(selected["prompt_token_count"].sum())
+        metrics["prefix_cache_hit_rate_tokens"] = (
+            float(cached.sum()) / prompts if prompts else math.nan
+        )
+        total = len(selected)
+        metrics["prefix_cache_hit_rate_requests"] = (
+            float((cached > 0).sum()) / total if total else math.nan
+        )
+    if pools:
+        metrics.update(_balance(requests, selected, start_us, end_us, pools))
+    frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
+    frame.index.name = "metric"
+    return frame
+
+
+def _request_metrics(
+    selected: pd.DataFrame,
+    start_us: int | None,
+    end_us: int | None,
+    labels: Sequence[tuple[str, float]],
+    ttft_slo_us: float | None,
+    tpot_slo_us: float | None,
+) -> dict[str, float]:
+    """:func:`summarize`'s rows from ``requests`` to ``goodput_requests_per_s`` for the
+    *selected* requests, throughputs per second of the window ``[start_us, end_us)``."""
     metrics: dict[str, float] = {"requests": float(len(selected))}
     states = selected["state"].astype(str)
     for state in RequestState:
@@ -288,23 +344,7 @@ def summarize(
         total = len(selected)
         metrics["slo_attainment"] = float(good.sum()) / total if total else math.nan
         metrics["goodput_requests_per_s"] = float(good.sum()) / seconds
-    if slot_count is not None:
-        metrics.update(_occupancy(requests, start_us, end_us, slot_count))
-    if "cached_prompt_tokens" in selected.columns:
-        cached = selected["cached_prompt_tokens"].astype("float64")
-        prompts = float(selected["prompt_token_count"].sum())
-        metrics["prefix_cache_hit_rate_tokens"] = (
-            float(cached.sum()) / prompts if prompts else math.nan
-        )
-        total = len(selected)
-        metrics["prefix_cache_hit_rate_requests"] = (
-            float((cached > 0).sum()) / total if total else math.nan
-        )
-    if pools:
-        metrics.update(_balance(requests, selected, start_us, end_us, pools))
-    frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
-    frame.index.name = "metric"
-    return frame
+    return metrics
 
 
 def percentile_label(percentile: float) -> str:
@@ -603,13 +643,13 @@ def _per_replica(
 ) -> pd.DataFrame:
     """One row per replica of *pool*: the columns :func:`replica_summary` documents."""
     index = pd.Index(pool.indices, dtype="int64", name="replica")
-    groups = selected.groupby(selected[pool.column].astype("Int64"))
+    where = selected[pool.column].astype("Int64")
+    groups = selected.groupby(where)
+    # Counted as numbers (an empty selection's string column would refuse a 0 fill).
+    finished = (selected["state"].astype(str) == _FINISHED.name).astype("int64").groupby(where)
     data: dict[str, Any] = {
         "requests": groups.size().reindex(index, fill_value=0).astype("int64"),
-        "finished": groups["state"]
-        .agg(lambda s: int((s.astype(str) == _FINISHED.name).sum()))
-        .reindex(index, fill_value=0)
-        .astype("int64"),
+        "finished": finished.sum().reindex(index, fill_value=0).astype("int64"),
         "prompt_tokens": groups["prompt_token_count"].sum().reindex(index, fill_value=0),
         "generated_tokens": groups["generated_token_count"].sum().reindex(index, fill_value=0),
         "utilization": pd.Series(_utilizations(requests, pool, start, end), index=index),
@@ -708,3 +748,232 @@ def replica_summary(
             table.insert(0, "pool", pd.Series(pool.name, index=table.index, dtype="str"))
         tables.append(table)
     return pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+
+
+# ---------------------------------------------------------------------- request classes
+
+CLASS_KEYS = ("request_class", "tenant")
+"""The columns :func:`class_summary` can group by (``"class"`` is accepted for the first)."""
+
+NO_CLASS = "(none)"
+"""The column of :func:`class_summary` for requests that name no class (or no tenant)."""
+
+_ALL_CLASSES = "*"
+_SLO_KEYS = ("ttft_us", "tpot_us")
+
+
+def class_summary(
+    requests: pd.DataFrame,
+    by: str = "request_class",
+    *,
+    slo: Mapping[str, Any] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    warmup_us: int | None = None,
+    until_us: int | None = None,
+    prompt_weight: float = 1.0,
+    output_weight: float = 2.0,
+) -> pd.DataFrame:
+    """:func:`summarize` per request class or per tenant: one column per class.
+
+    *by* is ``"request_class"`` (or ``"class"``) or ``"tenant"``: the
+    :func:`requests_frame` column whose values name the columns of the result, sorted,
+    with requests that name none in the column :data:`NO_CLASS` (last). A frame without
+    that column (no request carried metadata) gives that one column. The index is
+    ``metric`` and every value is a ``float64``.
+
+    Each column holds the rows :func:`summarize` gives, from ``requests`` to
+    ``goodput_requests_per_s``, over that class's requests among those that arrived in
+    the window. The window is the whole frame's (``warmup_us`` and ``until_us`` as in
+    :func:`summarize`; by default first arrival to last finish), so every class's
+    ``makespan_us`` is the same and its throughputs are per second of that common
+    window: the classes' throughputs add up to the whole run's.
+
+    **SLO targets** (*slo*), per class: ``{"chat": {"ttft_us": 200_000, "tpot_us":
+    50_000}, "batch": {"ttft_us": 5_000_000}}``, a target left out is not checked; a
+    value may also be a pair ``(ttft_us, tpot_us)`` with ``None`` for no target. The key
+    ``"*"`` gives the targets of every class not named; ``{"ttft_us": x, "tpot_us": y}``
+    alone (no class keys) is one target for all classes. Attainment and goodput are
+    :func:`summarize`'s, per class with its own targets; a class without targets has no
+    value (``NaN``) in those two rows. A class named in *slo* that has no request in
+    the frame still gets a column (``requests`` 0), so a misspelt class name shows.
+
+    **Fairness** (``by="tenant"``) adds rows after the others, measured over the window
+    ``[warmup_us, until_us)`` (a bound not given does not limit it):
+
+    - ``service_tokens``: the service the tenant received *during* the window, in
+      weighted tokens: ``prompt_weight * prompt_token_count`` for each of its requests
+      first admitted in the window, plus ``output_weight`` per token it generated in
+      the window (whenever the request arrived; a request's tokens are taken as evenly
+      spaced from its first token to its finish, since the frame keeps no per-token
+      times). The weights are those of
+      :class:`~simsim.schedulers.fair.FairShareScheduler` (defaults 1 and 2);
+    - ``demand_tokens``: what its requests that arrived in the window asked for,
+      ``prompt_weight * prompt_token_count + output_weight * max_output_tokens``;
+    - ``service_share``: its ``service_tokens`` over all tenants' (``NaN`` when none);
+    - ``jain_fairness_index``: Jain's index of the ``service_tokens`` of the tenants
+      that were backlogged in the window (had a request that arrived before the window's
+      end and had not finished before its start), ``(sum x)^2 / (n * sum x^2)``, the
+      same value in every column: 1 when all of them received equal service, ``1 / n``
+      when one received it all, ``NaN`` when none received any. Equal service is the
+      fair outcome when every tenant asks for more than an equal share, so choose a
+      window in which they all stay backlogged; a tenant that asks for less lowers the
+      index even when it received all it asked for (compare ``service_tokens`` with
+      ``demand_tokens``). With no window, every tenant's whole service counts, and the
+      index then compares the tenants' demands rather than the scheduler.
+    """
+    missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
+    if missing:
+        raise ValueError(f"class_summary needs a requests_frame(); missing columns {missing}")
+    column = "request_class" if by == "class" else by
+    if column not in CLASS_KEYS:
+        raise ValueError(
+            f"class_summary: by must be 'request_class' (or 'class') or 'tenant', got {by!r}"
+        )
+    labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
+    targets = _class_targets(slo)
+    weights = (
+        check_weight(prompt_weight, "prompt_weight"),
+        check_weight(output_weight, "output_weight"),
+    )
+    start_us, end_us, selected = _window(requests, warmup_us, until_us)
+    names = _class_names(requests, column)
+    in_window = _class_names(selected, column)
+    classes = sorted(
+        {name for name in names.dropna()} | {name for name in targets if name != _ALL_CLASSES}
+    )
+    if names.isna().any():
+        classes.append(NO_CLASS)
+    columns: dict[str, dict[str, float]] = {}
+    for name in classes:
+        rows = selected[(in_window.fillna(NO_CLASS) == name).to_numpy(dtype=bool)]
+        ttft, tpot = targets.get(name, targets.get(_ALL_CLASSES, (None, None)))
+        columns[name] = _request_metrics(rows, start_us, end_us, labels, ttft, tpot)
+    if slo is not None:
+        # Same rows in every column: a class without targets gets NaN in the SLO rows.
+        for metrics in columns.values():
+            metrics.setdefault("slo_attainment", math.nan)
+            metrics.setdefault("goodput_requests_per_s", math.nan)
+    if column == "tenant":
+        low = -math.inf if warmup_us is None else float(warmup_us)
+        high = math.inf if until_us is None else float(until_us)
+        _add_fairness(columns, requests, selected, column, (low, high), weights)
+    # Every column has the same rows, in summarize's order (an empty frame: its rows).
+    empty = selected.iloc[:0]
+    order = list(
+        columns[classes[0]] if classes else _request_metrics(empty, None, None, labels, None, None)
+    )
+    frame = pd.DataFrame(
+        {name: [metrics[row] for row in order] for name, metrics in columns.items()},
+        index=pd.Index(order),
+        columns=pd.Index(classes, name=column),
+        dtype="float64",
+    )
+    frame.index.name = "metric"
+    return frame
+
+
+def _class_names(requests: pd.DataFrame, column: str) -> pd.Series:
+    """Each request's class (or tenant) as a string, ``<NA>`` where it names none."""
+    if column not in requests.columns:
+        return pd.Series(pd.NA, index=requests.index, dtype="string")
+    return requests[column].astype("string")
+
+
+def _class_targets(slo: Mapping[str, Any] | None) -> dict[str, tuple[float | None, float | None]]:
+    """*slo* read into ``class -> (ttft_slo_us, tpot_slo_us)``, checked."""
+    if slo is None:
+        return {}
+    if not isinstance(slo, Mapping):
+        raise TypeError(f"slo must be a mapping of class -> targets, got {type(slo).__name__}")
+    if (
+        slo
+        and all(key in _SLO_KEYS for key in slo)
+        and not any(isinstance(value, Mapping | tuple | list) for value in slo.values())
+    ):
+        return {_ALL_CLASSES: _class_target(slo, "slo")}
+    targets = {}
+    for name, value in slo.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"slo keys must be class names (non-empty str), got {name!r}")
+        targets[name] = _class_target(value, f"slo[{name!r}]")
+    return targets
+
+
+def _class_target(value: object, where: str) -> tuple[float | None, float | None]:
+    if isinstance(value, Mapping):
+        unknown = [key for key in value if key not in _SLO_KEYS]
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown keys {unknown}; the targets are 'ttft_us' and 'tpot_us'"
+            )
+        pair = (value.get("ttft_us"), value.get("tpot_us"))
+    elif isinstance(value, tuple | list) and len(value) == 2:
+        pair = (value[0], value[1])
+    else:
+        raise TypeError(
+            f"{where} must be a mapping {{'ttft_us': ..., 'tpot_us': ...}} or a pair "
+            f"(ttft_us, tpot_us), got {value!r}"
+        )
+    ttft, tpot = (
+        None if target is None else _non_negative_real(target, f"{where} {key}")
+        for target, key in zip(pair, _SLO_KEYS, strict=True)
+    )
+    return ttft, tpot
+
+
+def _add_fairness(
+    columns: dict[str, dict[str, float]],
+    requests: pd.DataFrame,
+    selected: pd.DataFrame,
+    column: str,
+    window: tuple[float, float],
+    weights: tuple[float, float],
+) -> None:
+    """Append the fairness rows of :func:`class_summary` to each tenant's metrics."""
+    prompt_weight, output_weight = weights
+    low, high = window
+    admit = _relative(requests["admit_time_us"], 0, math.nan)
+    prompts = requests["prompt_token_count"].to_numpy(dtype="float64")
+    service = prompt_weight * prompts * ((admit >= low) & (admit < high))
+    service += output_weight * _tokens_in_window(requests, low, high)
+    arrival = _relative(requests["arrival_time_us"], 0, math.nan)
+    finish = _relative(requests["finish_time_us"], 0, math.inf)
+    present = (arrival < high) & (finish >= low)
+    names = _class_names(requests, column).fillna(NO_CLASS).to_numpy(dtype=object)
+    asked = _class_names(selected, column).fillna(NO_CLASS).to_numpy(dtype=object)
+    demand = prompt_weight * selected["prompt_token_count"].to_numpy(
+        dtype="float64"
+    ) + output_weight * selected["max_output_tokens"].to_numpy(dtype="float64")
+    served = {name: float(service[names == name].sum()) for name in columns}
+    for name, metrics in columns.items():
+        metrics["service_tokens"] = served[name]
+        metrics["demand_tokens"] = float(demand[asked == name].sum())
+    total = sum(served.values())
+    backlogged = np.asarray([served[name] for name in columns if present[names == name].any()])
+    squares = float((backlogged**2).sum())
+    jain = float(backlogged.sum()) ** 2 / (len(backlogged) * squares) if squares > 0 else math.nan
+    for name, metrics in columns.items():
+        metrics["service_share"] = served[name] / total if total > 0 else math.nan
+        metrics["jain_fairness_index"] = jain
+
+
+def _tokens_in_window(requests: pd.DataFrame, low: float, high: float) -> np.ndarray:
+    """Per request, how many of its generated tokens fall in ``[low, high)``.
+
+    A request's tokens are taken as evenly spaced from its first token to its finish
+    (the frame keeps no per-token times); a request with no finish yet counts all its
+    tokens at its first token's time.
+    """
+    tokens = requests["generated_token_count"].to_numpy(dtype="float64")
+    first = _relative(requests["first_token_time_us"], 0, math.nan)
+    finish = _relative(requests["finish_time_us"], 0, math.nan)
+    unfinished = np.isnan(finish)
+    finish = np.where(unfinished, first, finish)
+    step = np.where(tokens >= 2, (finish - first) / np.maximum(tokens - 1, 1), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Token i (0-based) is at first + i * step: count the i in [0, tokens) with
+        # low <= first + i * step < high.
+        begin = np.where(step > 0, np.ceil((low - first) / step), np.where(first >= low, 0, np.inf))
+        stop = np.where(step > 0, np.ceil((high - first) / step), np.where(first < high, np.inf, 0))
+    count = np.clip(stop, 0, tokens) - np.clip(begin, 0, tokens)
+    return np.where(np.isnan(first), 0.0, np.clip(np.nan_to_num(count), 0, None))

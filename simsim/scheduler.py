@@ -189,12 +189,16 @@ class Scheduler(Protocol):
         ...
 
 
-class FcfsScheduler:
-    """First come, first served: order by ``(arrival_time_us, request_id)``.
+class _HeapQueue:
+    """The queue, epoch, counters and commit rules that :class:`FcfsScheduler` and every
+    :class:`simsim.schedulers.HeapScheduler` share; a subclass writes ``enqueue``.
 
-    Among simultaneous arrivals the lowest request id goes first, whatever order they
-    were submitted in. A preempted request re-enqueued with its original arrival time
-    goes back to its place near the front.
+    The heap holds entries ``(order, request_id, enqueue number, record)``: the least
+    ``(order, request_id)`` is the head. ``order`` sorts as a tuple ending in the
+    request's arrival time (the arrival itself for FCFS, a pair or a packed int for a
+    HeapScheduler), so ties fall to ``(arrival_time_us, request_id)``; the enqueue number is unique,
+    so comparisons never reach the record. Removal is lazy: a removed request's entry
+    stays until it reaches the top, and the heap's top is always live.
     """
 
     __slots__ = (
@@ -209,9 +213,9 @@ class FcfsScheduler:
     )
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, QueuedRequest]] = []
-        # request id -> the live entry; entries of removed requests stay in the heap
-        # until they reach the top, and are recognised by identity.
+        self._heap: list[tuple[Any, int, int, QueuedRequest]] = []
+        # request id -> the live entry's record; entries of removed requests stay in the
+        # heap until they reach the top, and are recognised by identity.
         self._live: dict[int, QueuedRequest] = {}
         self._epoch = 0
         self._enqueued = 0
@@ -224,7 +228,7 @@ class FcfsScheduler:
         return len(self._live)
 
     def __repr__(self) -> str:
-        return f"FcfsScheduler(queued={len(self._live)}, epoch={self._epoch})"
+        return f"{type(self).__name__}(queued={len(self._live)}, epoch={self._epoch})"
 
     @property
     def epoch(self) -> int:
@@ -244,18 +248,17 @@ class FcfsScheduler:
 
     def queued_ids(self) -> list[int]:
         """The queued request ids in admission order (for inspection and tests)."""
-        return [item.request_id for item in sorted(self._live.values(), key=_fcfs_key)]
+        live = self._live
+        return [entry[1] for entry in sorted(e for e in self._heap if live.get(e[1]) is e[3])]
 
-    def enqueue(self, item: QueuedRequest) -> None:
-        """Queue *item*; its id must not be queued already."""
-        if not isinstance(item, QueuedRequest):
-            raise TypeError(f"enqueue takes a QueuedRequest, got {type(item).__name__}")
+    def _push(self, order: Any, item: QueuedRequest) -> None:
+        """Queue *item* (already checked to be a record) under *order*."""
         rid = item.request_id
         live = self._live
         if rid in live:
             raise ValueError(f"request {rid} is already queued")
         # The enqueue counter breaks ties with a stale entry of the same id.
-        heappush(self._heap, (item.arrival_time_us, rid, self._enqueued, item))
+        heappush(self._heap, (order, rid, self._enqueued, item))
         live[rid] = item
         self._epoch += 1
         self._enqueued += 1
@@ -317,5 +320,18 @@ class FcfsScheduler:
             heappop(heap)
 
 
-def _fcfs_key(item: QueuedRequest) -> tuple[int, int]:
-    return (item.arrival_time_us, item.request_id)
+class FcfsScheduler(_HeapQueue):
+    """First come, first served: order by ``(arrival_time_us, request_id)``.
+
+    Among simultaneous arrivals the lowest request id goes first, whatever order they
+    were submitted in. A preempted request re-enqueued with its original arrival time
+    goes back to its place near the front.
+    """
+
+    __slots__ = ()
+
+    def enqueue(self, item: QueuedRequest) -> None:
+        """Queue *item*; its id must not be queued already."""
+        if not isinstance(item, QueuedRequest):
+            raise TypeError(f"enqueue takes a QueuedRequest, got {type(item).__name__}")
+        self._push(item.arrival_time_us, item)

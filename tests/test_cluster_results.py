@@ -358,3 +358,30 @@ def test_cluster_tables_read_back_with_their_dtypes(tmp_path: Path, fmt: str) ->
         folder = read_run_folder(tmp_path)
         for name, frame in frames.items():
             pd.testing.assert_frame_equal(folder.table(name), frame, check_dtype=True)
+
+
+def test_a_pool_that_got_no_request_summarizes_with_zero_counts() -> None:
+    env = simsim.Environment()
+    costs = simsim.SimulatedBackendConfig(1_000, 20, 0, 5_000, 0)
+    cluster = simsim.Cluster(
+        [simsim.SimulationEngine(simsim.SimulatedBackend(costs), env=env) for _ in range(2)]
+    )
+    cluster.submit(simsim.Request(0, 100, 10, 2))
+    cluster.cancel_request(0)  # before its arrival: never routed
+    cluster.run()
+    summary = simsim.summarize(cluster.requests_frame(), replicas=2)["value"]
+    assert (summary["replicas"], summary["replica_requests_max"]) == (2, 0)
+    table = replica_summary(cluster.requests_frame(), replicas=2)
+    assert table["requests"].tolist() == [0, 0] and table["finished"].tolist() == [0, 0]
+    # a disaggregated run whose requests all end on the prefill replica
+    _env, prefill, decode = pools(1, 2)
+    split = simsim.DisaggregatedCluster(prefill, decode, LINK)
+    split.submit(simsim.Request(0, 0, 10, 0))
+    split.run()
+    summary = simsim.summarize(split.requests_frame(), replicas=(1, 2))["value"]
+    assert (summary["decode_replicas"], summary["decode_replica_requests_max"]) == (2, 0)
+    assert replica_summary(split.requests_frame(), replicas=(1, 2))["finished"].tolist() == [
+        1,
+        0,
+        0,
+    ]

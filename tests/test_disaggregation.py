@@ -231,3 +231,32 @@ def test_transfer_config_holds_plain_ints() -> None:
 
     config = KvTransferConfig(np.int64(1_000), np.int64(10**8), base_us=np.int64(5))  # type: ignore[arg-type]
     assert type(config.base_us) is int and type(config.transfer_us(10, 1)) is int
+
+
+def test_a_prefill_replica_needs_room_for_the_prompt_and_one_token_only() -> None:
+    env = simsim.Environment()
+
+    def engine(blocks: int) -> simsim.BatchingEngine:
+        return simsim.BatchingEngine(
+            simsim.SimulatedBackend(COSTS),
+            max_active_requests=2,
+            kv_cache=simsim.KvCacheConfig(16, blocks),
+            env=env,
+        )
+
+    # 100 prompt tokens and the first token need 7 blocks of 16: the prefill replica's 8
+    # are enough, though the whole request (up to 13 blocks) must fit on the decode replica
+    cluster = DisaggregatedCluster([engine(8)], [engine(13)], LINK)
+    cluster.submit(
+        simsim.Request(0, arrival_time_us=0, prompt_token_count=100, max_output_tokens=100)
+    )
+    with pytest.raises(ValueError, match="replica 1: request 1 needs 14 KV blocks"):
+        cluster.submit(
+            simsim.Request(1, arrival_time_us=0, prompt_token_count=100, max_output_tokens=109)
+        )
+    with pytest.raises(ValueError, match=r"replica 0: request 2 needs 9 KV blocks .* 1 output"):
+        cluster.submit(
+            simsim.Request(2, arrival_time_us=0, prompt_token_count=129, max_output_tokens=5)
+        )
+    cluster.run()
+    assert cluster.requests_frame()["state"].tolist() == ["FINISHED"]

@@ -241,7 +241,9 @@ class Cluster:
         for index, engine in enumerate(replicas):
             if type(engine)._check_admissible is EngineBase._check_admissible:
                 continue  # accepts every request
-            rule = (type(engine), engine.kv_cache) if isinstance(engine, BatchingEngine) else index
+            rule: object = index
+            if isinstance(engine, BatchingEngine):  # a prefill replica holds less
+                rule = (type(engine), engine.kv_cache, engine._hand_off is not None)
             if rule not in rules:
                 rules.add(rule)
                 self._admission_checks.append((index, engine._check_admissible))

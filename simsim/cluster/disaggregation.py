@@ -137,6 +137,9 @@ class DisaggregatedCluster(Cluster):
         if back_router is front_router:
             raise ValueError("prefill_router and decode_router must be two router objects")
         count = len(prefill_pool)
+        for engine in prefill_pool:  # before _setup, which reads each replica's rules
+            assert isinstance(engine, BatchingEngine)
+            engine._hand_off = self._hand_off
         self._setup(replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us)
         self._back = _RouterView(back_router, tuple(range(count, len(replicas))))
         self._back.probes = [_probe(replicas[index]) for index in self._back.pool]
@@ -150,9 +153,6 @@ class DisaggregatedCluster(Cluster):
         self._transfer_ids: array[int] = array("q")
         self._transfer_replicas: array[int] = array("q")
         self._transfer_durations: array[int] = array("q")
-        for engine in prefill_pool:
-            assert isinstance(engine, BatchingEngine)
-            engine._hand_off = self._hand_off
         for index in self._back.pool:
             engine = replicas[index]
             assert isinstance(engine, BatchingEngine)

@@ -360,11 +360,15 @@ class BatchingEngine(EngineBase):
                 f"tokens fill at most {tokens // cache.block_size_tokens} blocks of "
                 f"{cache.block_size_tokens} tokens (one hash per full block)"
             )
-        need = cache.blocks_for(request.prompt_token_count + request.max_output_tokens)
+        output = request.max_output_tokens
+        if self._hand_off is not None:
+            # A prefill replica holds the prompt and the next token's block, no more.
+            output = min(output, 1)
+        need = cache.blocks_for(request.prompt_token_count + output)
         if need > cache.total_blocks:
             raise ValueError(
                 f"request {request.request_id} needs {need} KV blocks for its "
-                f"{request.prompt_token_count} prompt and {request.max_output_tokens} output "
+                f"{request.prompt_token_count} prompt and {output} output "
                 f"tokens, more than the whole cache ({cache.total_blocks} blocks of "
                 f"{cache.block_size_tokens} tokens); it could never run"
             )

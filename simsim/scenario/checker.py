@@ -106,13 +106,17 @@ class TomlChecker:
             raise self.fail(where, f"must be a table, got {_kind(value)}")
         return value
 
-    def array_of_tables(self, data: Mapping[str, Any], key: str) -> Iterator[Mapping[str, Any]]:
+    def array_of_tables(
+        self, data: Mapping[str, Any], key: str, where: str | None = None
+    ) -> Iterator[Mapping[str, Any]]:
+        """The tables of ``[[where]]`` (*where* defaults to *key*: a top-level array)."""
+        where = key if where is None else where
         rows = data.get(key, [])
         if not isinstance(rows, list):
-            raise self.fail(key, f"must be an array of tables ([[{key}]]), got {_kind(rows)}")
+            raise self.fail(where, f"must be an array of tables ([[{where}]]), got {_kind(rows)}")
         for index, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise self.fail(f"{key}[{index}]", f"must be a table, got {_kind(row)}")
+                raise self.fail(f"{where}[{index}]", f"must be a table, got {_kind(row)}")
             yield row
 
     def _get(self, table: Mapping[str, Any], key: str, where: str, default: Any) -> Any:
@@ -154,6 +158,30 @@ class TomlChecker:
                 f"chained), got {_kind(value)} {value!r}",
             )
         return tuple(value)
+
+    def signed_integer(self, table: Mapping[str, Any], key: str, where: str, default: int) -> int:
+        """An integer that may be negative (a priority), within the signed 64-bit range."""
+        value = self._get(table, key, where, default)
+        if type(value) is not int:
+            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
+        if not -MAX_TIME_US - 1 <= value <= MAX_TIME_US:
+            raise self.fail(_join(where, key), f"must fit in 64 bits, got {value}")
+        return value
+
+    def tags(self, table: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
+        """An optional table of free-form tags: strings, integers, floats or booleans."""
+        if key not in table:
+            return None
+        at = _join(where, key)
+        value = self.table(table, key, at)
+        for name, item in value.items():
+            if type(item) not in (str, int, float, bool):
+                raise self.fail(
+                    _join(at, name),
+                    f"a tag must be a string, integer, float or boolean, got {_kind(item)} "
+                    f"{item!r}",
+                )
+        return dict(value)
 
     def time(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
         value = self._get(table, key, where, _REQUIRED if default is None else default)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from simsim.admission import AdmissionControl
 from simsim.backend import (
     Backend,
     FittedBackend,
@@ -19,13 +21,21 @@ from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, 
 from simsim.engines.base import EngineBase
 from simsim.request import Request
 from simsim.scenario.checker import ScenarioError
-from simsim.scheduler import FcfsScheduler, Scheduler
-from simsim.workloads import ClosedLoopWorkload, GeneratedWorkload, OpenLoopWorkload, check_seed
+from simsim.scheduler import Scheduler
+from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
+from simsim.workloads import (
+    ClassMix,
+    ClosedLoopWorkload,
+    GeneratedWorkload,
+    OpenLoopWorkload,
+    check_seed,
+)
 
 __all__ = [
     "ENGINES",
     "ENGINE_BUILDERS",
     "SCHEDULERS",
+    "SCHEDULER_OPTIONS",
     "BatchingSpec",
     "Cancellation",
     "ClusterSpec",
@@ -37,7 +47,19 @@ __all__ = [
     "Workload",
 ]
 
-SCHEDULERS = ("fcfs",)
+SCHEDULER_OPTIONS: Mapping[str, tuple[str, ...]] = {
+    "fcfs": (),
+    "priority": (),
+    "shortest_prompt": ("aging_per_s",),
+    "shortest_job": ("aging_per_s", "prompt_weight"),
+    "edf": (),
+    "fair": ("prompt_weight", "output_weight"),
+}
+"""``[scheduler] policy`` names and the options each takes (numbers, in the same table);
+each name is a factory of :data:`simsim.schedulers.SCHEDULERS`."""
+
+SCHEDULERS = tuple(SCHEDULER_OPTIONS)
+"""The scheduler names a scenario may choose, in the order the docs list them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +71,26 @@ class RequestSpec:
     prompt_token_count: int
     max_output_tokens: int
     block_hashes: tuple[Hashable, ...] | None = None
+    request_class: str | None = None
+    tenant: str | None = None
+    priority: int = 0
+    deadline_us: int | None = None
+    tags: Mapping[str, Any] | None = None
 
     @classmethod
     def of(cls, request: Request) -> RequestSpec:
-        """The spec of an existing request (its size, arrival and block hashes)."""
+        """The spec of an existing request (its size, arrival, block hashes, metadata)."""
         return cls(
             request.request_id,
             request.arrival_time_us,
             request.prompt_token_count,
             request.max_output_tokens,
             request.block_hashes,
+            request.request_class,
+            request.tenant,
+            request.priority,
+            request.deadline_us,
+            request.tags,
         )
 
     def to_request(self) -> Request:
@@ -69,6 +101,11 @@ class RequestSpec:
             self.prompt_token_count,
             self.max_output_tokens,
             block_hashes=self.block_hashes,
+            request_class=self.request_class,
+            tenant=self.tenant,
+            priority=self.priority,
+            deadline_us=self.deadline_us,
+            tags=self.tags,
         )
 
 
@@ -80,7 +117,8 @@ class Cancellation:
     request_id: int
 
 
-Workload = OpenLoopWorkload | ClosedLoopWorkload
+Workload = OpenLoopWorkload | ClosedLoopWorkload | ClassMix
+"""What ``[workload]`` describes: open-loop, closed-loop, or a mix of request classes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +132,13 @@ class BatchingSpec:
     kv_cache: KvCacheConfig | None = None
     prefix_cache: bool = False
 
-    def build(self, backend: Backend, scheduler: Scheduler, env: Environment) -> BatchingEngine:
+    def build(
+        self,
+        backend: Backend,
+        scheduler: Scheduler,
+        env: Environment,
+        admission: AdmissionControl | None = None,
+    ) -> BatchingEngine:
         """A :class:`BatchingEngine` with these settings."""
         return BatchingEngine(
             backend,
@@ -105,6 +149,7 @@ class BatchingSpec:
             kv_cache=self.kv_cache,
             prefix_cache=self.prefix_cache,
             env=env,
+            admission=admission,
         )
 
 
@@ -208,6 +253,10 @@ class Scenario:
     source: str = "<scenario>"
     #: The ``[cluster]`` table: run replicas of the server behind a router (``None``: one).
     cluster: ClusterSpec | None = None
+    #: The ``[scheduler]`` table's options for ``scheduler`` (``aging_per_s``...), by name.
+    scheduler_options: tuple[tuple[str, float], ...] = ()
+    #: The ``[admission]`` table: limits checked at each arrival (of the cluster, if any).
+    admission: AdmissionControl | None = None
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario with another seed for its generated workload."""
@@ -224,7 +273,7 @@ class Scenario:
 
     @functools.cached_property
     def _generated(self) -> GeneratedWorkload | None:
-        if not isinstance(self.workload, OpenLoopWorkload):
+        if not isinstance(self.workload, OpenLoopWorkload | ClassMix):
             return None
         try:
             return self.workload.generate(self.seed)
@@ -232,7 +281,7 @@ class Scenario:
             raise ScenarioError(self.source, "workload", str(error)) from None
 
     def build_engine(self, env: Environment | None = None) -> EngineBase:
-        """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`), FCFS, idle.
+        """A new engine of this scenario's kind (:data:`ENGINE_BUILDERS`) and scheduler, idle.
 
         One server only: a scenario with a ``[cluster]`` table raises
         :class:`ScenarioError` (build it with :meth:`build`).
@@ -250,7 +299,7 @@ class Scenario:
     def build(self, env: Environment | None = None) -> Server:
         """What the scenario runs on, new and idle: its engine, or with ``[cluster]`` a
         :class:`~simsim.Cluster` (or :class:`~simsim.DisaggregatedCluster`) of such
-        engines on one environment, each with its own FCFS scheduler and backend."""
+        engines on one environment, each with its own scheduler and backend."""
         env = env or Environment()
         spec = self.cluster
         if spec is None:
@@ -260,6 +309,7 @@ class Scenario:
                 self._build_pool(spec.pool, env),
                 spec.pool.make_router(self.seed),
                 refresh_interval_us=spec.refresh_interval_us,
+                admission=self.admission,
             )
         assert spec.prefill is not None and spec.decode is not None
         assert spec.transfer is not None
@@ -273,12 +323,31 @@ class Scenario:
         )
 
     def _build_pool(self, pool: PoolSpec, env: Environment) -> list[EngineBase]:
+        # The cluster checks admission at its own arrival; its replicas never do.
+        replica = replace(self, admission=None)
         batching = self.batching if pool.batching is None else pool.batching
-        return [self._build_server(env, batching) for _ in range(pool.replicas)]
+        return [replica._build_server(env, batching) for _ in range(pool.replicas)]
 
     def _build_server(self, env: Environment, batching: BatchingSpec | None) -> EngineBase:
         scenario = self if batching is self.batching else replace(self, batching=batching)
-        return ENGINE_BUILDERS[self.engine](scenario, self.build_backend(), FcfsScheduler(), env)
+        return ENGINE_BUILDERS[self.engine](
+            scenario, self.build_backend(), self.build_scheduler(), env
+        )
+
+    def build_scheduler(self) -> Scheduler:
+        """A new, empty scheduler of the ``[scheduler]`` table's policy and options
+        (every server of a cluster gets its own)."""
+        try:
+            return SCHEDULER_FACTORIES[self.scheduler](**dict(self.scheduler_options))
+        except (TypeError, ValueError) as error:
+            raise ScenarioError(self.source, "scheduler", str(error)) from None
+
+    def slo_targets(self) -> dict[str, tuple[float | None, float | None]]:
+        """Each request class's ``(ttft_slo_us, tpot_slo_us)`` targets (a class mix's
+        ``ttft_slo_us``/``tpot_slo_us``); empty when no class sets one."""
+        if isinstance(self.workload, ClassMix):
+            return self.workload.slo_targets()
+        return {}
 
     def build_backend(self) -> Backend:
         """The cost model of the ``[backend]`` table: simulated (default) or fitted."""
@@ -327,13 +396,13 @@ EngineBuilder = Callable[[Scenario, Backend, Scheduler, Environment], EngineBase
 def _single_slot(
     scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
 ) -> EngineBase:
-    return SimulationEngine(backend, scheduler, env=env)
+    return SimulationEngine(backend, scheduler, env=env, admission=scenario.admission)
 
 
 def _single_slot_fast(
     scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
 ) -> EngineBase:
-    return FastSimulationEngine(backend, scheduler, env=env)
+    return FastSimulationEngine(backend, scheduler, env=env, admission=scenario.admission)
 
 
 def _batching(
@@ -341,7 +410,7 @@ def _batching(
 ) -> EngineBase:
     if scenario.batching is None:
         raise ScenarioError(scenario.source, "batching", 'engine "batching" needs [batching]')
-    return scenario.batching.build(backend, scheduler, env)
+    return scenario.batching.build(backend, scheduler, env, scenario.admission)
 
 
 ENGINE_BUILDERS: Mapping[str, EngineBuilder] = {

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from simsim.admission import ADMISSION_KEYS, AdmissionControl, Limit
 from simsim.backend import (
     FittedBackendConfig,
     SimulatedBackend,
@@ -23,6 +24,7 @@ from simsim.engines.batching import POLICIES
 from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
+    SCHEDULER_OPTIONS,
     SCHEDULERS,
     SEEDED_ROUTERS,
     BatchingSpec,
@@ -33,8 +35,9 @@ from simsim.scenario.model import (
     Scenario,
 )
 from simsim.scenario.trace_table import parse_trace
-from simsim.scenario.workload_table import parse_workload
+from simsim.scenario.workload_table import METADATA_KEYS, parse_metadata, parse_workload
 from simsim.scheduler import FcfsScheduler
+from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.traces import MOONCAKE_BLOCK_SIZE
 from simsim.workloads import ClosedLoopWorkload
 
@@ -52,7 +55,10 @@ _TOP_KEYS = (
     "cancellations",
     "prefix_cache",
     "cluster",
+    "admission",
 )
+_ADMISSION_KEYS = ("key", "limits")
+_LIMIT_KEYS = ("max_queued", "rate_per_s", "burst")
 _ROUTER_KEYS = ("replicas", "router", "seed", "weights")
 _CLUSTER_KEYS = (*_ROUTER_KEYS, "refresh_interval_us", "prefill", "decode", "transfer")
 _POOL_OVERRIDES = ("max_active_requests", "max_batch_tokens", "policy", "total_blocks")
@@ -72,13 +78,15 @@ _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
 _FITTED_BACKEND_KEYS = tuple(FittedBackendConfig.__dataclass_fields__)
 BACKEND_KINDS = ("simulated", "fitted")
 """``[backend] kind``: the linear model in whole microseconds (default) or the fitted one."""
-_SCHEDULER_KEYS = ("policy",)
 _REQUEST_KEYS = (
     "request_id",
     "arrival_time_us",
     "prompt_token_count",
     "max_output_tokens",
     "block_hashes",
+    "request_class",
+    *METADATA_KEYS,
+    "deadline_us",
 )
 _CANCELLATION_KEYS = ("time_us", "request_id")
 
@@ -151,14 +159,17 @@ def parse_scenario(
     backend_table = check.table(data, "backend", "backend")
     backend = _parse_backend(check, backend_table)
 
-    scheduler_table = check.table(data, "scheduler", "scheduler")
-    check.keys(scheduler_table, _SCHEDULER_KEYS, "scheduler")
-    scheduler = check.choice(scheduler_table, "policy", "scheduler", SCHEDULERS, default="fcfs")
+    scheduler, scheduler_options = _parse_scheduler(check, data)
 
     specs: list[RequestSpec] = []
     for index, row in enumerate(check.array_of_tables(data, "requests")):
         where = f"requests[{index}]"
         check.keys(row, _REQUEST_KEYS, where)
+        request_class = None
+        if "request_class" in row:
+            request_class = check.string(row, "request_class", where)
+            if not request_class:
+                raise check.fail(f"{where}.request_class", "must be a non-empty string")
         specs.append(
             RequestSpec(
                 check.integer(row, "request_id", where),
@@ -166,6 +177,9 @@ def parse_scenario(
                 check.integer(row, "prompt_token_count", where),
                 check.integer(row, "max_output_tokens", where),
                 block_hashes=check.hashes(row, "block_hashes", where),
+                request_class=request_class,
+                deadline_us=check.optional_time(row, "deadline_us", where),
+                **parse_metadata(check, row, where),
             )
         )
 
@@ -190,6 +204,7 @@ def parse_scenario(
 
     batching = _parse_batching(check, data, engine)
     cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+    admission = _parse_admission(check, data, cluster) if "admission" in data else None
     _check_trace_blocks(check, data, batching)
     if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
         raise check.fail(
@@ -222,6 +237,8 @@ def parse_scenario(
         batching=batching,
         cluster=cluster,
         scheduler=scheduler,
+        scheduler_options=scheduler_options,
+        admission=admission,
         backend=backend,
         requests=tuple(specs),
         workload=workload,
@@ -248,6 +265,67 @@ def parse_scenario(
             f"({', '.join(_BACKEND_KEYS)}), writing 0 explicitly for a cost that is zero",
         )
     return scenario
+
+
+def _parse_scheduler(
+    check: TomlChecker, data: Mapping[str, Any]
+) -> tuple[str, tuple[tuple[str, float], ...]]:
+    """``[scheduler]``: the policy and its options, checked by building one scheduler."""
+    table = check.table(data, "scheduler", "scheduler")
+    policy = check.choice(table, "policy", "scheduler", SCHEDULERS, default="fcfs")
+    allowed = SCHEDULER_OPTIONS[policy]
+    for key in table:
+        others = [name for name, keys in SCHEDULER_OPTIONS.items() if key in keys]
+        if others and key not in allowed:
+            takes = ", ".join(allowed) if allowed else "no options"
+            raise check.fail(
+                f"scheduler.{key}",
+                f"policy {policy!r} takes {takes}; {key} is an option of {', '.join(others)}",
+            )
+    check.keys(table, ("policy", *allowed), "scheduler")
+    options = tuple((key, check.number(table, key, "scheduler")) for key in allowed if key in table)
+    factory = SCHEDULER_FACTORIES.get(policy)
+    if factory is None:
+        raise check.fail("scheduler.policy", f"{policy!r} is not available in this build of simsim")
+    make(check, "scheduler", factory, **dict(options))
+    return policy, options
+
+
+def _parse_admission(
+    check: TomlChecker, data: Mapping[str, Any], cluster: ClusterSpec | None
+) -> AdmissionControl:
+    """``[admission]``: a queue limit and a token bucket per class (or tenant), in
+    ``[admission.limits.<name>]`` tables (``"*"``: every other name)."""
+    table = check.table(data, "admission", "admission")
+    check.keys(table, _ADMISSION_KEYS, "admission")
+    key = check.choice(table, "key", "admission", tuple(ADMISSION_KEYS), default="class")
+    if "limits" not in table:
+        raise check.fail(
+            "admission.limits",
+            "missing: give a limit per class (or tenant), e.g. [admission.limits.batch] "
+            'max_queued = 10; the name "*" applies to every other name',
+        )
+    limits: dict[str, Limit] = {}
+    for name, row in check.table(table, "limits", "admission.limits").items():
+        where = f"admission.limits.{name}"
+        if not isinstance(row, dict):
+            raise check.fail(where, f"must be a table of {', '.join(_LIMIT_KEYS)}")
+        check.keys(row, _LIMIT_KEYS, where)
+        limits[name] = make(
+            check,
+            where,
+            Limit,
+            max_queued=check.optional_integer(row, "max_queued", where),
+            rate_per_s=check.optional_number(row, "rate_per_s", where),
+            burst=check.integer(row, "burst", where, default=1),
+        )
+    if cluster is not None and cluster.disaggregated:
+        raise check.fail(
+            "admission",
+            "a disaggregated [cluster] takes no admission control; use a plain cluster or "
+            "one server",
+        )
+    return make(check, "admission", AdmissionControl, limits, key=key)
 
 
 def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig:

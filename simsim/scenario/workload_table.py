@@ -12,6 +12,7 @@ from simsim.scenario.model import Workload
 from simsim.traces import TraceError
 from simsim.workloads import (
     ArrivalProcess,
+    ClassMix,
     ClosedLoopWorkload,
     Empirical,
     Exponential,
@@ -22,11 +23,12 @@ from simsim.workloads import (
     LogNormal,
     OpenLoopWorkload,
     PoissonArrivals,
+    RequestClass,
     SharedPrefixes,
     Uniform,
 )
 
-__all__ = ["parse_workload"]
+__all__ = ["METADATA_KEYS", "parse_metadata", "parse_workload"]
 
 _OPEN_LOOP_KEYS = (
     "kind",
@@ -39,6 +41,23 @@ _OPEN_LOOP_KEYS = (
     "first_request_id",
     "start_time_us",
     "shared_prefixes",
+)
+_CLASS_MIX_KEYS = ("kind", "classes", "total", "first_request_id", "start_time_us")
+METADATA_KEYS = ("tenant", "priority", "tags")
+"""Request metadata keys a ``[[workload.classes]]`` table shares with ``[[requests]]``."""
+_CLASS_KEYS = (
+    "name",
+    "count",
+    "share",
+    "arrivals",
+    "rate_per_s",
+    "prompt_tokens",
+    "output_tokens",
+    "patience_us",
+    *METADATA_KEYS,
+    "relative_deadline_us",
+    "ttft_slo_us",
+    "tpot_slo_us",
 )
 _SHARED_PREFIX_KEYS = ("lengths", "weights")
 _CLOSED_LOOP_KEYS = (
@@ -89,6 +108,8 @@ def parse_workload(
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
     try:
+        if "classes" in table:
+            return _parse_class_mix(check, table, base_dir)
         if kind == "closed_loop":
             check.keys(table, _CLOSED_LOOP_KEYS, where)
             users = _bounded_count(check, table, "users")
@@ -129,6 +150,109 @@ def parse_workload(
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail(where, str(error)) from None
+
+
+def parse_metadata(check: TomlChecker, table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The request metadata of a table: ``tenant``, ``priority`` and ``tags`` given in it."""
+    metadata: dict[str, Any] = {}
+    if "tenant" in table:
+        tenant = check.string(table, "tenant", where)
+        if not tenant:
+            raise check.fail(f"{where}.tenant", "must be a non-empty string")
+        metadata["tenant"] = tenant
+    if "priority" in table:
+        metadata["priority"] = check.signed_integer(table, "priority", where, default=0)
+    tags = check.tags(table, "tags", where)
+    if tags is not None:
+        metadata["tags"] = tags
+    return metadata
+
+
+def _parse_class_mix(
+    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
+) -> ClassMix:
+    """``[[workload.classes]]``: open-loop traffic in several classes, merged by arrival."""
+    check.keys(table, _CLASS_MIX_KEYS, "workload")
+    if table.get("kind", "open_loop") != "open_loop":
+        raise check.fail(
+            "workload.kind",
+            f"[[workload.classes]] describe open-loop traffic; got kind = {table['kind']!r} "
+            "(leave kind out)",
+        )
+    rows = list(check.array_of_tables(table, "classes", "workload.classes"))
+    if not rows:
+        raise check.fail("workload.classes", "needs at least one [[workload.classes]] table")
+    total = _bounded_count(check, table, "total") if "total" in table else None
+    classes: list[RequestClass] = []
+    names: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        where = f"workload.classes[{index}]"
+        name = check.string(row, "name", where)
+        if not name:
+            raise check.fail(f"{where}.name", "must be a non-empty string")
+        if name in names:
+            raise check.fail(
+                f"{where}.name",
+                f"{name!r} is also the name of workload.classes[{names[name]}]; class names "
+                "must be unique",
+            )
+        names[name] = index
+        where = f"workload.classes[{index}] ({name})"
+        check.keys(row, _CLASS_KEYS, where)
+        count = None
+        if "count" in row:
+            if total is not None:
+                raise check.fail(
+                    f"{where}.count",
+                    f"the workload has total = {total}: give every class a count and no "
+                    "total, or a total and (optionally) shares",
+                )
+            count = _bounded_count(check, row, "count", where)
+        elif total is None:
+            raise check.fail(
+                f"{where}.count",
+                "missing: give every class a count, or give [workload] a total to split "
+                "among the classes (by share, or by arrival rate)",
+            )
+        share = check.optional_number(row, "share", where)
+        if share is not None and total is None:
+            raise check.fail(f"{where}.share", "needs [workload] total (the count to share out)")
+        classes.append(
+            make(
+                check,
+                where,
+                RequestClass,
+                name,
+                _parse_arrivals(check, row, where),
+                _parse_distribution(check, row, "prompt_tokens", base_dir, where),
+                _parse_distribution(check, row, "output_tokens", base_dir, where),
+                count=count,
+                share=share,
+                relative_deadline_us=check.optional_time(row, "relative_deadline_us", where),
+                patience=_parse_optional_distribution(check, row, "patience_us", base_dir, where),
+                ttft_slo_us=check.optional_number(row, "ttft_slo_us", where),
+                tpot_slo_us=check.optional_number(row, "tpot_slo_us", where),
+                **parse_metadata(check, row, where),
+            )
+        )
+    first = check.integer(table, "first_request_id", "workload", default=0)
+    mix = make(
+        check,
+        "workload",
+        ClassMix,
+        classes,
+        total=total,
+        first_request_id=first,
+        start_us=check.time(table, "start_time_us", "workload", default=0),
+    )
+    if mix.count > MAX_GENERATED_REQUESTS:
+        raise check.fail(
+            "workload.classes",
+            f"the classes make {mix.count:,} requests, more than the limit of "
+            f"{MAX_GENERATED_REQUESTS:,} per workload (every request is held in memory)",
+        )
+    _check_ids(check, first, mix.count)
+    return mix
 
 
 def _conversation_blocks(
@@ -175,11 +299,13 @@ def _parse_shared_prefixes(
         raise check.fail(where, str(error)) from None
 
 
-def _bounded_count(check: TomlChecker, table: Mapping[str, Any], key: str) -> int:
-    value = check.integer(table, key, "workload")
+def _bounded_count(
+    check: TomlChecker, table: Mapping[str, Any], key: str, where: str = "workload"
+) -> int:
+    value = check.integer(table, key, where)
     if value > MAX_GENERATED_REQUESTS:
         raise check.fail(
-            f"workload.{key}",
+            f"{where}.{key}",
             f"{value:,} is more than the limit of {MAX_GENERATED_REQUESTS:,} per workload "
             "(every request is held in memory, about 1 GB per million)",
         )
@@ -195,18 +321,19 @@ def _check_ids(check: TomlChecker, first: int, count: int) -> None:
         )
 
 
-def _parse_arrivals(check: TomlChecker, table: Mapping[str, Any]) -> ArrivalProcess:
-    where = "workload"
+def _parse_arrivals(
+    check: TomlChecker, table: Mapping[str, Any], where: str = "workload"
+) -> ArrivalProcess:
     if "rate_per_s" in table:
         if "arrivals" in table:
-            raise check.fail("workload.rate_per_s", "give either rate_per_s or arrivals, not both")
+            raise check.fail(f"{where}.rate_per_s", "give either rate_per_s or arrivals, not both")
         return make(
-            check, "workload.rate_per_s", PoissonArrivals, check.number(table, "rate_per_s", where)
+            check, f"{where}.rate_per_s", PoissonArrivals, check.number(table, "rate_per_s", where)
         )
-    spec = check.table(table, "arrivals", "workload.arrivals")
+    at = f"{where}.arrivals"
+    spec = check.table(table, "arrivals", at)
     if "arrivals" not in table:
-        raise check.fail("workload.arrivals", "missing required key (or give rate_per_s)")
-    at = "workload.arrivals"
+        raise check.fail(at, "missing required key (or give rate_per_s)")
     process = check.choice(spec, "process", at, tuple(_ARRIVAL_KEYS), default="poisson")
     check.keys(spec, _ARRIVAL_KEYS[process], at)
     rate = check.number(spec, "rate_per_s", at)
@@ -218,25 +345,33 @@ def _parse_arrivals(check: TomlChecker, table: Mapping[str, Any]) -> ArrivalProc
 
 
 def _parse_optional_distribution(
-    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    key: str,
+    base_dir: Path | None,
+    where: str = "workload",
 ) -> LengthDistribution | None:
     if key not in table:
         return None
-    return _parse_distribution(check, table, key, base_dir)
+    return _parse_distribution(check, table, key, base_dir, where)
 
 
 def _parse_distribution(
-    check: TomlChecker, table: Mapping[str, Any], key: str, base_dir: Path | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    key: str,
+    base_dir: Path | None,
+    where: str = "workload",
 ) -> LengthDistribution:
-    at = f"workload.{key}"
+    at = f"{where}.{key}"
     if key not in table:
         raise check.fail(at, "missing required key")
     value = table[key]
     if isinstance(value, list):
-        low, high = check.int_range(table, key, "workload")
+        low, high = check.int_range(table, key, where)
         return make(check, at, Uniform, low, high)
     if type(value) is int:
-        return make(check, at, Fixed, check.integer(table, key, "workload"))
+        return make(check, at, Fixed, check.integer(table, key, where))
     spec = check.table(table, key, at)
     kind = check.choice(spec, "distribution", at, tuple(_DISTRIBUTION_KEYS), default="")
     check.keys(spec, _DISTRIBUTION_KEYS[kind], at)

@@ -94,23 +94,50 @@ def _check_key(key: object, where: str) -> str:
 def apply_settings(document: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of *document* with every dotted key of *settings* set to its value.
 
-    Missing tables on the way are created. A key whose path runs through a value that
-    is not a table raises ``ValueError`` naming the key.
+    Missing tables on the way are created. An array of tables whose entries have names
+    (``[[workload.classes]]``) is entered by name: ``workload.classes.batch.rate_per_s``
+    sets ``rate_per_s`` in the class named ``batch``. A key whose path runs through a
+    value that is not a table, or names an entry no table of the array has, raises
+    ``ValueError`` naming the key.
     """
     result = copy.deepcopy(dict(document))
     for key, value in settings.items():
         parts = key.split(".")
         table: dict[str, Any] = result
-        for depth, part in enumerate(parts[:-1]):
+        depth = 0
+        while depth < len(parts) - 1:
+            part = parts[depth]
+            prefix = ".".join(parts[: depth + 1])
             child = table.setdefault(part, {})
+            if isinstance(child, list) and child and all(isinstance(t, dict) for t in child):
+                # The next part names an entry of the array of tables: step into it.
+                if depth + 2 >= len(parts):
+                    raise ValueError(
+                        f"cannot set {key!r}: it names a whole entry of {prefix!r}; set one "
+                        "of the entry's keys instead"
+                    )
+                table = _named_entry(key, prefix, child, parts[depth + 1])
+                depth += 2
+                continue
             if not isinstance(child, dict):
-                prefix = ".".join(parts[: depth + 1])
                 raise ValueError(
                     f"cannot set {key!r}: {prefix!r} is a {type(child).__name__}, not a table"
                 )
             table = child
+            depth += 1
         table[parts[-1]] = copy.deepcopy(value)
     return result
+
+
+def _named_entry(key: str, prefix: str, entries: list[Any], name: str) -> dict[str, Any]:
+    """The table of *entries* (an array of tables at *prefix*) whose ``name`` is *name*."""
+    for entry in entries:
+        if entry.get("name") == name:
+            return entry  # type: ignore[no-any-return]
+    names = [entry.get("name") for entry in entries]
+    raise ValueError(
+        f"cannot set {key!r}: {prefix!r} has no entry named {name!r} (its names: {names})"
+    )
 
 
 def _point_key(case: str | None, settings: Mapping[str, Any]) -> str:
