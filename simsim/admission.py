@@ -32,9 +32,12 @@ are not limited, and ``Limit()`` (no rate, no queue limit) exempts a name from
 where ``n / d`` is the rate in lowest terms, so that one microsecond earns exactly
 ``n`` units and nothing drifts over a long run. A float rate is read as the decimal
 number it prints as (``0.1`` is exactly one token per ten seconds, not the binary
-float slightly above it). A token is therefore earned at the first whole microsecond
-at or after the exact instant: at 3 tokens per second from an empty bucket, the first
-comes at 333,334 us, the second at 666,667 us and the third at exactly 1,000,000 us.
+float slightly above it). The bucket is looked at only at arrivals, which fall on
+whole microseconds, and it holds what it earned exactly: at 3 tokens per second, a
+bucket emptied at 0 holds a whole token from 333,334 us (1,000,002 units), two from
+666,667 us and three from exactly 1,000,000 us. A full bucket earns nothing: with
+``burst=1`` it is full at 333,333.33 us, so a token taken at 333,334 us leaves it
+empty, and the next whole token is there at 666,668 us.
 
 **Order.** Arrivals are checked in the order they are processed (time, then
 submission order). Admission happens at the end of a timestamp, after every arrival at

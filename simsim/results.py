@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simsim.admission import REJECTION_REASONS
 from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import Request, RequestState
@@ -178,7 +179,10 @@ def summarize(
 ) -> pd.DataFrame:
     """Summarise a :func:`requests_frame`: one row per metric, in a ``value`` column.
 
-    Rows: ``requests`` and ``count_<STATE>`` for every state; ``makespan_us`` (first
+    Rows: ``requests`` and ``count_<STATE>`` for every state (a frame with
+    ``rejection``, from a server with an admission control, then adds
+    ``count_rejected``, ``count_rejected_rate_limited``, ``count_rejected_queue_full``
+    and ``rejected_share``; rejected requests are ``CANCELLED`` too); ``makespan_us`` (first
     arrival to last finish); ``throughput_requests_per_s`` and
     ``throughput_tokens_per_s`` (finished requests and generated tokens per simulated
     second of makespan); then ``<column>_mean``, ``_p50``, ``_p90`` and ``_p99`` for
@@ -308,6 +312,13 @@ def _request_metrics(
     states = selected["state"].astype(str)
     for state in RequestState:
         metrics[f"count_{state.name}"] = float((states == state.name).sum())
+    if "rejection" in selected.columns:
+        rejections = selected["rejection"]
+        metrics["count_rejected"] = float(rejections.notna().sum())
+        for reason in REJECTION_REASONS:
+            metrics[f"count_rejected_{reason}"] = float((rejections == reason).sum())
+        total = len(selected)
+        metrics["rejected_share"] = metrics["count_rejected"] / total if total else math.nan
     finished = states == RequestState.FINISHED.name
     # In ints, as before windows existed: a float difference could round differently.
     makespan = math.nan if start_us is None or end_us is None else float(end_us - start_us)
