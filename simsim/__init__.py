@@ -9,6 +9,7 @@ from types import ModuleType
 
 from simsim import cluster, run_folder, sweeps, traces, workloads
 from simsim._version import __version__
+from simsim.admission import AdmissionControl, Limit
 from simsim.backend import (
     Backend,
     FittedBackend,
@@ -46,6 +47,7 @@ from simsim.scheduler import (
 from simsim.sweeps import CapacityResult, SweepResult, capacity_search, sweep
 
 __all__ = [
+    "AdmissionControl",
     "AdmissionDecision",
     "AdmissionRecord",
     "Backend",
@@ -65,6 +67,7 @@ __all__ = [
     "IterationRecord",
     "KvCacheConfig",
     "KvTransferConfig",
+    "Limit",
     "QueuedRequest",
     "Request",
     "RequestState",

@@ -260,3 +260,19 @@ def test_a_prefill_replica_needs_room_for_the_prompt_and_one_token_only() -> Non
         )
     cluster.run()
     assert cluster.requests_frame()["state"].tolist() == ["FINISHED"]
+
+
+def test_admission_control_stands_before_the_prefill_router() -> None:
+    _, prefill, decode = pools()
+    control = simsim.AdmissionControl({"*": simsim.Limit(rate_per_s=0, burst=2)})
+    cluster = DisaggregatedCluster(prefill, decode, LINK, admission=control)
+    for rid in range(3):
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=100, max_output_tokens=2)
+        )
+    cluster.run()
+    frame = cluster.requests_frame()
+    assert frame["state"].tolist() == ["FINISHED", "FINISHED", "CANCELLED"]
+    assert frame["rejection"].tolist()[2] == "rate_limited"
+    assert frame["prefill_replica"].isna().tolist() == [False, False, True]
+    assert list(cluster.routes_frame()["request_id"]) == [0, 1, 0, 1]  # prefill, then decode

@@ -286,7 +286,7 @@ def test_make_scheduler_errors_name_the_policy_and_option() -> None:
         ValueError, match=r"unknown scheduler policy 'prio' \(did you mean 'priority'\?\); known"
     ):
         make_scheduler("prio")
-    with pytest.raises(ValueError, match="known policies: edf, fcfs, priority"):
+    with pytest.raises(ValueError, match="known policies: edf, fair, fcfs, priority"):
         make_scheduler("lifo")
     with pytest.raises(TypeError, match="policy name must be a str"):
         make_scheduler(3)  # type: ignore[arg-type]

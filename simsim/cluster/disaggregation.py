@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simsim.admission import AdmissionControl
 from simsim.clock import MAX_TIME_US, check_count, time_overflow
 from simsim.cluster.cluster import Cluster, _probe, _RouterView
 from simsim.cluster.routers import Router, make_router
@@ -103,8 +104,10 @@ class DisaggregatedCluster(Cluster):
     """A prefill pool and a decode pool of :class:`~simsim.BatchingEngine` replicas.
 
     ``DisaggregatedCluster(prefill, decode, transfer, *, prefill_router="round_robin",
-    decode_router="least_outstanding", refresh_interval_us=0)``. :attr:`replicas` lists
-    the prefill replicas first, then the decode ones, and frames number them that way.
+    decode_router="least_outstanding", refresh_interval_us=0, admission=None)``; an
+    admission control checks each request at its arrival, before the prefill router.
+    :attr:`replicas` lists the prefill replicas first, then the decode ones, and frames
+    number them that way.
     The surface is :class:`Cluster`'s; see this module's docs for the request's path.
     """
 
@@ -117,6 +120,7 @@ class DisaggregatedCluster(Cluster):
         prefill_router: Router | str = "round_robin",
         decode_router: Router | str = "least_outstanding",
         refresh_interval_us: int = 0,
+        admission: AdmissionControl | None = None,
     ) -> None:
         prefill_pool = self._check_replicas(prefill, "prefill")
         decode_pool = self._check_replicas(decode, "decode")
@@ -140,7 +144,9 @@ class DisaggregatedCluster(Cluster):
         for engine in prefill_pool:  # before _setup, which reads each replica's rules
             assert isinstance(engine, BatchingEngine)
             engine._hand_off = self._hand_off
-        self._setup(replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us)
+        self._setup(
+            replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us, admission
+        )
         self._back = _RouterView(back_router, tuple(range(count, len(replicas))))
         self._back.probes = [_probe(replicas[index]) for index in self._back.pool]
         self._transfer = transfer

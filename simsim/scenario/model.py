@@ -320,6 +320,7 @@ class Scenario:
             prefill_router=spec.prefill.make_router(self.seed),
             decode_router=spec.decode.make_router(decode_router_seed(self.seed)),
             refresh_interval_us=spec.refresh_interval_us,
+            admission=self.admission,
         )
 
     def _build_pool(self, pool: PoolSpec, env: Environment) -> list[EngineBase]:

@@ -319,12 +319,6 @@ def _parse_admission(
             rate_per_s=check.optional_number(row, "rate_per_s", where),
             burst=check.integer(row, "burst", where, default=1),
         )
-    if cluster is not None and cluster.disaggregated:
-        raise check.fail(
-            "admission",
-            "a disaggregated [cluster] takes no admission control; use a plain cluster or "
-            "one server",
-        )
     return make(check, "admission", AdmissionControl, limits, key=key)
 
 
