@@ -334,4 +334,14 @@ class FcfsScheduler(_HeapQueue):
         """Queue *item*; its id must not be queued already."""
         if not isinstance(item, QueuedRequest):
             raise TypeError(f"enqueue takes a QueuedRequest, got {type(item).__name__}")
-        self._push(item.arrival_time_us, item)
+        # _push written out: this runs once per arrival of every FCFS run.
+        rid = item.request_id
+        live = self._live
+        if rid in live:
+            raise ValueError(f"request {rid} is already queued")
+        heappush(self._heap, (item.arrival_time_us, rid, self._enqueued, item))
+        live[rid] = item
+        self._epoch += 1
+        self._enqueued += 1
+        if len(live) > self._max_queue_length:
+            self._max_queue_length = len(live)
