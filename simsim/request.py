@@ -296,7 +296,10 @@ class Request:
             raise TypeError(f"request {rid}: priority must be an int, got {priority!r}")
         self.priority = int(operator.index(priority))
         if self.deadline_us is not None:
-            self.deadline_us = check_time_us(self.deadline_us, "deadline_us")
+            try:
+                self.deadline_us = check_time_us(self.deadline_us, "deadline_us")
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"request {rid}: {error}") from None
         tags = self.tags
         if tags is not None:
             if not isinstance(tags, Mapping) or not all(type(k) is str and k for k in tags):

@@ -308,7 +308,10 @@ def test_admission_limits_reject_at_arrival_per_class(tmp_path: Path) -> None:
 
 def test_a_cluster_checks_admission_once_before_routing(tmp_path: Path) -> None:
     cluster = "\n[cluster]\nreplicas = 2\n"
-    text = scenario_text() + ADMISSION.format(key="tenant") + cluster
+    by_tenant = (
+        '\n[admission]\nkey = "tenant"\n[admission.limits."*"]\nrate_per_s = 20.0\nburst = 2\n'
+    )
+    text = scenario_text() + by_tenant + cluster
     frame = run_scenario(load_scenario(write(tmp_path, text))).requests_frame()
     rejected = frame[frame["rejection"].notna()]
     assert len(rejected) > 0
@@ -340,6 +343,18 @@ def test_a_cluster_checks_admission_once_before_routing(tmp_path: Path) -> None:
             "burst=3 without rate_per_s",
         ),
         ("[admission.limits]\nbatch = 3", "admission.limits.batch", "must be a table"),
+        (
+            "[admission.limits.bacth]\nmax_queued = 1",
+            "admission.limits.bacth",
+            "no request of this scenario has request_class 'bacth' (did you mean 'batch'?)",
+        ),
+        (
+            '[admission]\nkey = "tenant"\n[admission.limits.batch]\nmax_queued = 1',
+            "admission.limits.batch",
+            "no request of this scenario has tenant 'batch'",
+        ),
+        ("[admission.limits.batch]\nmax_queued = 0", "admission.limits.batch.max_queued", ">= 1"),
+        ("[admission.limits.batch]\nmax_queued = -1", "admission.limits.batch.max_queued", ">= 1"),
         (
             "[scheduler]\naging_per_s = 1.0",
             "scheduler.aging_per_s",

@@ -6,7 +6,8 @@ their own modules. Nothing is built or run until the whole document is valid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from simsim.scenario.workload_table import METADATA_KEYS, parse_metadata, parse_
 from simsim.scheduler import FcfsScheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.traces import MOONCAKE_BLOCK_SIZE
-from simsim.workloads import ClosedLoopWorkload
+from simsim.workloads import ClassMix, ClosedLoopWorkload
 
 __all__ = ["load_backend", "load_scenario", "parse_scenario"]
 
@@ -205,6 +206,8 @@ def parse_scenario(
     batching = _parse_batching(check, data, engine)
     cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
     admission = _parse_admission(check, data, cluster) if "admission" in data else None
+    if admission is not None:
+        _check_limit_names(check, admission, specs, workload)
     _check_trace_blocks(check, data, batching)
     if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
         raise check.fail(
@@ -311,6 +314,12 @@ def _parse_admission(
         if not isinstance(row, dict):
             raise check.fail(where, f"must be a table of {', '.join(_LIMIT_KEYS)}")
         check.keys(row, _LIMIT_KEYS, where)
+        queued = row.get("max_queued")
+        if type(queued) is int and queued < 1:
+            raise check.fail(
+                f"{where}.max_queued",
+                f"must be >= 1 (how many requests of this name may wait), got {queued}",
+            )
         limits[name] = make(
             check,
             where,
@@ -320,6 +329,36 @@ def _parse_admission(
             burst=check.integer(row, "burst", where, default=1),
         )
     return make(check, "admission", AdmissionControl, limits, key=key)
+
+
+def _check_limit_names(
+    check: TomlChecker,
+    admission: AdmissionControl,
+    specs: Sequence[RequestSpec],
+    workload: object,
+) -> None:
+    """Refuse an ``[admission.limits.<name>]`` that no request of the scenario carries:
+    it would limit nothing (a misspelt class, or a class name under ``key = "tenant"``)."""
+    field = "request_class" if admission.key == "class" else "tenant"
+    names = {getattr(spec, field) for spec in specs}
+    if isinstance(workload, ClassMix):
+        names.update(
+            getattr(entry, "name" if field == "request_class" else field)
+            for entry in workload.classes
+        )
+    names.discard(None)
+    for name in admission.limits:
+        if name == "*" or name in names:
+            continue
+        known = sorted(str(n) for n in names)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise check.fail(
+            f"admission.limits.{name}",
+            f"no request of this scenario has {field} {name!r}{hint}, so this limit would "
+            f"apply to nothing; the scenario's {field} names are "
+            f'{", ".join(known) if known else "none"} ("*" applies to every other name)',
+        )
 
 
 def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig:
