@@ -189,23 +189,16 @@ class Scheduler(Protocol):
         ...
 
 
-class _HeapQueue:
-    """The queue, epoch, counters and commit rules that :class:`FcfsScheduler` and every
-    :class:`simsim.schedulers.HeapScheduler` share; a subclass writes ``enqueue``.
-
-    The heap holds entries ``(order, request_id, enqueue number, record)``: the least
-    ``(order, request_id)`` is the head. ``order`` sorts as a tuple ending in the
-    request's arrival time (the arrival itself for FCFS, a pair or a packed int for a
-    HeapScheduler), so ties fall to ``(arrival_time_us, request_id)``; the enqueue number is unique,
-    so comparisons never reach the record. Removal is lazy: a removed request's entry
-    stays until it reaches the top, and the heap's top is always live.
-    """
+class _QueueCounters:
+    """The epoch, statistics and stale-decision rule every built-in scheduler shares
+    (:class:`FcfsScheduler`, :class:`simsim.schedulers.HeapScheduler`,
+    :class:`simsim.schedulers.FairShareScheduler`); ``_live`` maps each queued request id
+    to its record."""
 
     __slots__ = (
         "_admitted",
         "_enqueued",
         "_epoch",
-        "_heap",
         "_live",
         "_max_queue_length",
         "_rejected_commits",
@@ -213,9 +206,6 @@ class _HeapQueue:
     )
 
     def __init__(self) -> None:
-        self._heap: list[tuple[Any, int, int, QueuedRequest]] = []
-        # request id -> the live entry's record; entries of removed requests stay in the
-        # heap until they reach the top, and are recognised by identity.
         self._live: dict[int, QueuedRequest] = {}
         self._epoch = 0
         self._enqueued = 0
@@ -226,9 +216,6 @@ class _HeapQueue:
 
     def __len__(self) -> int:
         return len(self._live)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(queued={len(self._live)}, epoch={self._epoch})"
 
     @property
     def epoch(self) -> int:
@@ -245,6 +232,43 @@ class _HeapQueue:
             rejected_commits=self._rejected_commits,
             max_queue_length=self._max_queue_length,
         )
+
+    def _refuse(self, decision: AdmissionDecision, head: int | None) -> StaleDecisionError:
+        """Count a refused commit of *decision* (another epoch, or not the head *head*)
+        and return the error to raise; nothing else changes."""
+        self._rejected_commits += 1
+        if decision.epoch != self._epoch:
+            return StaleDecisionError(
+                f"decision for request {decision.request_id} was made at epoch "
+                f"{decision.epoch}, the queue is at epoch {self._epoch}"
+            )
+        return StaleDecisionError(
+            f"request {decision.request_id} is not the head of the queue (head: {head})"
+        )
+
+
+class _HeapQueue(_QueueCounters):
+    """The queue, epoch, counters and commit rules that :class:`FcfsScheduler` and every
+    :class:`simsim.schedulers.HeapScheduler` share; a subclass writes ``enqueue``.
+
+    The heap holds entries ``(order, request_id, enqueue number, record)``: the least
+    ``(order, request_id)`` is the head. ``order`` sorts as a tuple ending in the
+    request's arrival time (the arrival itself for FCFS, a pair or a packed int for a
+    HeapScheduler), so ties fall to ``(arrival_time_us, request_id)``; the enqueue number is unique,
+    so comparisons never reach the record. Removal is lazy: a removed request's entry
+    stays until it reaches the top, and the heap's top is always live.
+    """
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Entries of removed requests stay in the heap until they reach the top, and are
+        # recognised by identity with their id's record in _live.
+        self._heap: list[tuple[Any, int, int, QueuedRequest]] = []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(queued={len(self._live)}, epoch={self._epoch})"
 
     def queued_ids(self) -> list[int]:
         """The queued request ids in admission order (for inspection and tests)."""
@@ -292,18 +316,8 @@ class _HeapQueue:
         heap = self._heap
         if not isinstance(decision, AdmissionDecision):
             raise TypeError(f"commit takes an AdmissionDecision, got {type(decision).__name__}")
-        if decision.epoch != self._epoch:
-            self._rejected_commits += 1
-            raise StaleDecisionError(
-                f"decision for request {decision.request_id} was made at epoch "
-                f"{decision.epoch}, the queue is at epoch {self._epoch}"
-            )
-        if not heap or heap[0][1] != decision.request_id:
-            self._rejected_commits += 1
-            head = heap[0][1] if heap else None
-            raise StaleDecisionError(
-                f"request {decision.request_id} is not the head of the queue (head: {head})"
-            )
+        if decision.epoch != self._epoch or not heap or heap[0][1] != decision.request_id:
+            raise self._refuse(decision, heap[0][1] if heap else None)
         _, rid, _, item = heappop(heap)
         live = self._live
         del live[rid]

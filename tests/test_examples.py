@@ -229,3 +229,11 @@ def test_cluster_routing_prefix_affinity_keeps_the_cache_warm() -> None:
     # the load bound narrows the spread plain affinity leaves
     spread = {name: rows[name]["busiest"] - rows[name]["idlest"] for name in rows}
     assert spread["bounded_affinity"] < spread["prefix_affinity"]
+
+
+def test_sjf_vs_fcfs_shortest_first_wins_on_average_and_aging_bounds_the_long_jobs() -> None:
+    table = load("sjf_vs_fcfs").main(count=600)
+    fcfs, sjf, aged = (table.loc[name] for name in table.index)
+    assert sjf["mean"] < fcfs["mean"] and sjf["chat mean"] < fcfs["chat mean"]
+    assert sjf["report p99"] > fcfs["report p99"]  # the price of shortest first
+    assert aged["report max"] < sjf["report max"]  # aging bounds the long jobs' wait

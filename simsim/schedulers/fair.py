@@ -40,8 +40,8 @@ import math
 from heapq import heapify, heappop, heappush
 
 from simsim.clock import check_count, check_time_us
-from simsim.errors import StaleDecisionError, UnknownRequestError
-from simsim.scheduler import AdmissionDecision, QueuedRequest, SchedulerStats
+from simsim.errors import UnknownRequestError
+from simsim.scheduler import AdmissionDecision, QueuedRequest, _QueueCounters
 
 __all__ = ["DEFAULT_TENANT", "FairShareScheduler", "check_weight"]
 
@@ -57,7 +57,7 @@ _Entry = tuple[int, int, int, QueuedRequest]
 _TenantEntry = tuple[float, int, int, int, str]
 
 
-class FairShareScheduler:
+class FairShareScheduler(_QueueCounters):
     """Virtual-token-counter fair share across tenants (see the module's docstring).
 
     *prompt_weight* and *output_weight* (finite numbers ``>= 0``) price a request's
@@ -73,48 +73,32 @@ class FairShareScheduler:
     """
 
     __slots__ = (
-        "_admitted",
         "_backlog",
         "_charged",
         "_counters",
-        "_enqueued",
-        "_epoch",
         "_last_left",
-        "_live",
-        "_max_queue_length",
         "_output_weight",
         "_prompt_weight",
         "_queues",
-        "_rejected_commits",
-        "_removed",
         "_stamp",
         "_stamps",
         "_tenants",
     )
 
     def __init__(self, prompt_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        super().__init__()
         self._prompt_weight = check_weight(prompt_weight, "FairShareScheduler: prompt_weight")
         self._output_weight = check_weight(output_weight, "FairShareScheduler: output_weight")
         self._counters: dict[str, float] = {}
         # Per backlogged tenant: its FCFS heap and how many of its entries are live.
         self._queues: dict[str, list[_Entry]] = {}
         self._backlog: dict[str, int] = {}
-        self._live: dict[int, QueuedRequest] = {}
         self._tenants: list[_TenantEntry] = []
         self._stamps: dict[str, int] = {}
         self._stamp = 0
         self._last_left: float | None = None
         # Ids already charged: a preempted request queued again is not charged twice.
         self._charged: set[int] = set()
-        self._epoch = 0
-        self._enqueued = 0
-        self._admitted = 0
-        self._removed = 0
-        self._rejected_commits = 0
-        self._max_queue_length = 0
-
-    def __len__(self) -> int:
-        return len(self._live)
 
     def __repr__(self) -> str:
         return (
@@ -132,22 +116,6 @@ class FairShareScheduler:
     def output_weight(self) -> float:
         """The charge per output token (``max_output_tokens``)."""
         return self._output_weight
-
-    @property
-    def epoch(self) -> int:
-        """Bumped by every ``enqueue``, ``remove`` and successful ``commit``."""
-        return self._epoch
-
-    @property
-    def stats(self) -> SchedulerStats:
-        """Counters since construction (a frozen snapshot)."""
-        return SchedulerStats(
-            enqueued=self._enqueued,
-            admitted=self._admitted,
-            removed=self._removed,
-            rejected_commits=self._rejected_commits,
-            max_queue_length=self._max_queue_length,
-        )
 
     @property
     def counters(self) -> dict[str, float]:
@@ -243,18 +211,8 @@ class FairShareScheduler:
         if not isinstance(decision, AdmissionDecision):
             raise TypeError(f"commit takes an AdmissionDecision, got {type(decision).__name__}")
         tenants = self._tenants
-        if decision.epoch != self._epoch:
-            self._rejected_commits += 1
-            raise StaleDecisionError(
-                f"decision for request {decision.request_id} was made at epoch "
-                f"{decision.epoch}, the queue is at epoch {self._epoch}"
-            )
-        if not tenants or tenants[0][2] != decision.request_id:
-            self._rejected_commits += 1
-            head = tenants[0][2] if tenants else None
-            raise StaleDecisionError(
-                f"request {decision.request_id} is not the head of the queue (head: {head})"
-            )
+        if decision.epoch != self._epoch or not tenants or tenants[0][2] != decision.request_id:
+            raise self._refuse(decision, tenants[0][2] if tenants else None)
         tenant = tenants[0][4]
         _, rid, _, item = heappop(self._queues[tenant])
         del self._live[rid]
