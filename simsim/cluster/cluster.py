@@ -110,26 +110,22 @@ class _FreshSnapshots(Sequence[ReplicaSnapshot]):
     def __getitem__(self, position: int | slice) -> ReplicaSnapshot | Sequence[ReplicaSnapshot]:
         if isinstance(position, slice):
             return [self[i] for i in range(len(self._probes))[position]]
-        taken = self._taken[position]
-        if taken is None:
-            if position < 0:
-                position += len(self._probes)
-            load, slots, lookup = self._probes[position]
-            queued, running, usage = load()
-            taken = ReplicaSnapshot(position, self._now, queued, running, slots, usage, lookup)
-            self._taken[position] = taken
-        return taken
+        if position < 0:
+            position += len(self._probes)
+        return self._taken[position] or self._take(position)
 
     def __iter__(self) -> Iterator[ReplicaSnapshot]:
         taken = self._taken
-        now = self._now
-        for position, (load, slots, lookup) in enumerate(self._probes):
-            snapshot = taken[position]
-            if snapshot is None:
-                queued, running, usage = load()
-                snapshot = ReplicaSnapshot(position, now, queued, running, slots, usage, lookup)
-                taken[position] = snapshot
-            yield snapshot
+        for position in range(len(taken)):
+            yield taken[position] or self._take(position)
+
+    def _take(self, position: int) -> ReplicaSnapshot:
+        """Read the replica at *position* now and keep its snapshot for this decision."""
+        load, slots, lookup = self._probes[position]
+        queued, running, usage = load()
+        snapshot = ReplicaSnapshot(position, self._now, queued, running, slots, usage, lookup)
+        self._taken[position] = snapshot
+        return snapshot
 
 
 class _RouterView:

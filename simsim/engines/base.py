@@ -545,19 +545,7 @@ class EngineBase(ABC):
     def _enqueue_arrival(self, request: Request, sequence: int) -> None:
         """*request* has arrived now: queue it, log it under *sequence*, fill a free slot."""
         rid = request.request_id
-        if (
-            request.request_class is None
-            and request.tenant is None
-            and request.priority == 0
-            and request.deadline_us is None
-            and request.tags is None
-        ):  # queued_request(request) without its calls: once per arrival
-            item = QueuedRequest(
-                rid, request.arrival_time_us, request.prompt_token_count, request.max_output_tokens
-            )
-        else:
-            item = queued_request(request)
-        self._scheduler.enqueue(item)
+        self._scheduler.enqueue(queued_request(request))
         self._processed_event_count += 1
         self._event_log.append(self._env._now, sequence, _ARRIVAL, rid)
         if self._is_idle():
