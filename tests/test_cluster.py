@@ -497,3 +497,26 @@ def test_a_router_may_answer_a_numpy_integer() -> None:
         )
     cluster.run()
     assert list(cluster.routes_frame()["replica"]) == [0, 1, 0]
+
+
+def test_a_failed_replica_fails_the_cluster_and_is_named() -> None:
+    class Broken(simsim.SimulatedBackend):
+        def decode_step_us(self, active_sequence_count: int) -> int:
+            return -1
+
+    env = simsim.Environment()
+    good = single(env)
+    bad = simsim.SimulationEngine(Broken(COSTS), env=env)
+    cluster = Cluster([good, bad])
+    for rid in range(2):
+        cluster.submit(
+            simsim.Request(rid, arrival_time_us=0, prompt_token_count=8, max_output_tokens=2)
+        )
+    assert not cluster.failed
+    with pytest.raises(ValueError, match="negative duration"):
+        cluster.run()
+    assert cluster.failed and bad.failed and not good.failed
+    with pytest.raises(simsim.EngineFailedError, match="replica 1 failed"):
+        cluster.submit(
+            simsim.Request(2, arrival_time_us=10**6, prompt_token_count=8, max_output_tokens=2)
+        )

@@ -226,8 +226,10 @@ class Cluster:
         refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
         self._replicas = replicas
         self._env = replicas[0].env
+        self._replica_failed = False  # set by a replica's failure: see _check_alive
         for engine in replicas:
             engine._cluster = self
+            engine._on_fail = self._note_replica_failure
         self._front = front  # routes arrivals
         front.probes = [_probe(replicas[index]) for index in front.pool]
         # What submit checks: each replica's own rule, once per distinct rule (replicas
@@ -298,7 +300,7 @@ class Cluster:
     @property
     def failed(self) -> bool:
         """``True`` once routing or a replica has failed for good."""
-        return self._failure is not None or any(engine.failed for engine in self._replicas)
+        return self._failure is not None or self._replica_failed
 
     @property
     def has_pending_events(self) -> bool:
@@ -652,12 +654,17 @@ class Cluster:
             raise EngineFailedError(
                 f"the cluster failed earlier ({type(self._failure).__name__}: {self._failure})"
             ) from self._failure
+        if not self._replica_failed:
+            return  # told by the replicas: no scan of every replica per call
         for index, engine in enumerate(self._replicas):
             if engine.failed:
                 try:
                     engine.requests  # noqa: B018 (raises the replica's EngineFailedError)
                 except EngineFailedError as error:
                     raise EngineFailedError(f"replica {index} failed: {error}") from error
+
+    def _note_replica_failure(self) -> None:
+        self._replica_failed = True
 
     def _fail_with(self, error: BaseException) -> NoReturn:
         if self._failure is None:

@@ -175,8 +175,10 @@ class EngineBase(ABC):
         self._event_log = EventLog()
         self._admission_log = AdmissionLog()
         self._failure: BaseException | None = None
-        # The simsim.Cluster this engine is a replica of: requests come through it only.
+        # The simsim.Cluster this engine is a replica of: requests come through it only;
+        # it asks to be told when the engine fails.
         self._cluster: object | None = None
+        self._on_fail: Callable[[], None] | None = None
         # Admission control: what the user gave, and its running state here (a replica
         # of a cluster gets the cluster's gate, which it only keeps the queue counts of).
         self._admission = admission
@@ -602,6 +604,8 @@ class EngineBase(ABC):
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:
             self._failure = error
+            if self._on_fail is not None:
+                self._on_fail()
 
     def _authorize(self, request: Request, pending: object) -> None:
         # Exactly this one event may later be consumed without effect.
