@@ -320,3 +320,15 @@ def test_many_classes_keep_the_largest_and_share_one_line() -> None:
         plt.close(fig)
     with pytest.raises(ValueError, match="by must be one of"):
         plots.draw_class_latency(frame, by="priority")
+
+
+def test_the_guides_slo_targets_example_prints_what_it_shows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # docs/classes.md, "Targets you already gave": the block runs and prints its output block
+    page = (Path(__file__).resolve().parent.parent / "docs" / "classes.md").read_text("utf-8")
+    section = page.split("**Targets you already gave.**", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = section.split("```text\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/classes.md", "exec"), {})
+    assert capsys.readouterr().out == shown
