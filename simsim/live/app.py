@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from simsim.errors import EngineFailedError
-from simsim.live.driver import LiveDriver, LiveRequest
+from simsim.live.driver import LiveDriver, LiveRequest, Refusal
 from simsim.live.metrics import CONTENT_TYPE, ServerMetrics
 from simsim.live.tokens import filler_text, filler_token
 from simsim.live.wire import (
@@ -132,7 +133,29 @@ class _Server:
                 error.code if error.code == "injected_failure" else _reason(error.status)
             )
             return _error_response(error)
+        # The scenario's admission control checks the arrival when the simulation
+        # processes it, a simulated microsecond from now: only then is the answer known.
+        await live.checked.wait()
+        refusal = self.driver.refusal(live)
+        if refusal is not None:  # the metrics counted it, as they saw it end refused
+            return _error_response(self._refused(refusal))
         return _Served(self, live, ask)
+
+    def _refused(self, refusal: Refusal) -> ApiError:
+        """The 429 of a request the admission control turned away.
+
+        ``Retry-After`` is when its token bucket holds a token again, rounded up to
+        whole wall seconds, where that is known; else ``--retry-after``.
+        """
+        wait_s = refusal.retry_after_s
+        seconds = self.options.retry_after_s if wait_s is None else math.ceil(wait_s)
+        return ApiError(
+            429,
+            refusal.message,
+            error_type="rate_limit_error",
+            code=refusal.reason,
+            headers={"Retry-After": str(seconds)},
+        )
 
     def _inject_failure(self) -> None:
         options = self.options

@@ -1,0 +1,165 @@
+"""A scenario's admission control under ``simsim serve``.
+
+Each test serves a real :class:`~simsim.live.LiveServer` on a free port of 127.0.0.1 and
+calls it with the ``openai`` client and ``httpx``: a request the admission control turns
+away is answered 429 in OpenAI's shape (plain and streamed) and counted as refused.
+What is checked is the answer and the request table, never how long anything took.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from helpers import HeldStream, serve_backend, serving, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+import simsim
+from simsim.admission import AdmissionControl, Limit
+from simsim.live import ServeOptions
+
+MODEL = "simsim"
+
+
+def _counters(page: str) -> dict[tuple[str, str], float]:
+    """``(name, reason or finished_reason)`` -> value of the refusal and ending counters."""
+    values: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name in ("simsim:rejected_requests_total", "vllm:request_success_total"):
+                label = sample.labels.get("reason") or sample.labels["finished_reason"]
+                values[(sample.name, label)] = sample.value
+    return values
+
+
+def _error_of(response: httpx.Response) -> dict[str, Any]:
+    """OpenAI's error object of *response*, with exactly its keys."""
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+# --------------------------------------------------------------------------- admission control
+
+
+def test_the_refill_time_is_the_bucket_s_exact_wait() -> None:
+    # 3 tokens a second, burst 1 (simsim.admission's own example): a bucket emptied at
+    # 0 holds a whole token again from 333,334 us.
+    control = AdmissionControl({"*": Limit(rate_per_s=3, burst=1)})
+    engine = simsim.SimulationEngine(serve_backend(1_000), admission=control)
+    for rid, arrival in ((0, 0), (1, 100_000)):
+        engine.submit(simsim.Request(rid, arrival, 1, 1))
+    engine.env.run(until=100_001)
+    assert engine.requests[1].rejection == "rate_limited"
+    assert engine.rate_limit_refill_us(1) == 333_334 - 100_001
+    engine.env.run(until=333_334)
+    assert engine.rate_limit_refill_us(1) == 0
+    never = simsim.SimulationEngine(
+        serve_backend(1_000), admission=AdmissionControl({"*": Limit(rate_per_s=0, burst=1)})
+    )
+    never.submit(simsim.Request(0, 0, 1, 1))
+    never.run()
+    assert never.rate_limit_refill_us(0) is None  # a bucket at rate 0 never refills
+    queue_only = simsim.SimulationEngine(
+        serve_backend(1_000), admission=AdmissionControl({"*": Limit(max_queued=1)})
+    )
+    queue_only.submit(simsim.Request(0, 0, 1, 1))
+    assert queue_only.rate_limit_refill_us(0) is None  # no rate: nothing to refill
+    plain = simsim.SimulationEngine(serve_backend(1_000))
+    plain.submit(simsim.Request(0, 0, 1, 1))
+    assert plain.rate_limit_refill_us(0) is None
+    with pytest.raises(simsim.UnknownRequestError, match="request 5"):
+        plain.rate_limit_refill_us(5)
+
+
+def test_a_rate_limited_request_is_answered_429_plain_and_streamed() -> None:
+    # One token per 1000 simulated seconds: after the first request the bucket is empty
+    # for 1000 s, 10 wall seconds at speed 100.
+    speed = 100
+    control = AdmissionControl({"*": Limit(rate_per_s=0.001, burst=1)})
+    engine = simsim.SimulationEngine(serve_backend(1_000), admission=control)
+    with (
+        serving(engine, speed, ServeOptions(retry_after_s=1)) as (server, http, _),
+        openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client,
+    ):
+        first = client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+        assert first.usage is not None and first.usage.completion_tokens == 2
+        with pytest.raises(openai.RateLimitError) as plain:
+            client.completions.create(model=MODEL, prompt="b", max_tokens=2)
+        with pytest.raises(openai.RateLimitError) as streamed:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "c"}], stream=True
+            )
+        with http.stream(
+            "POST",
+            f"{server.base_url}/completions",
+            json={"model": MODEL, "prompt": "d", "stream": True},
+        ) as raw:
+            raw.read()
+        page = server.metrics_text()
+    for refused in (plain.value.response, streamed.value.response, raw):
+        assert refused.status_code == 429
+        error = _error_of(refused)
+        assert (error["type"], error["param"], error["code"]) == (
+            "rate_limit_error",
+            None,
+            "rate_limited",
+        )
+        assert "'*'" in error["message"] and "rate_per_s = 0.001" in error["message"]
+    table = engine.requests_frame()
+    assert list(table["state"]) == ["FINISHED", "CANCELLED", "CANCELLED", "CANCELLED"]
+    assert list(table["rejection"].fillna("-")) == [
+        "-",
+        "rate_limited",
+        "rate_limited",
+        "rate_limited",
+    ]
+    # Retry-After: the wall seconds until the bucket holds a token, from the moment the
+    # refusal is known (a simulated microsecond after the arrival) or a moment later.
+    emptied_us = int(table["arrival_time_us"][0])
+    refused_us = int(table["arrival_time_us"][1])
+    latest = math.ceil((emptied_us + 1_000_000_000 - (refused_us + 1)) / (speed * 1_000_000))
+    assert latest >= 9  # far from --retry-after's 1: the header is the bucket's
+    assert latest - 1 <= int(plain.value.response.headers["retry-after"]) <= latest
+    counted = _counters(page)
+    assert counted[("simsim:rejected_requests_total", "rate_limited")] == 3
+    assert counted[("vllm:request_success_total", "length")] == 1
+    assert counted.get(("vllm:request_success_total", "abort"), 0) == 0
+
+
+def test_a_full_admission_queue_is_answered_429_with_retry_after() -> None:
+    control = AdmissionControl({"*": Limit(max_queued=1)})
+    engine = simsim.SimulationEngine(serve_backend(100_000), admission=control)
+    with (
+        serving(engine, 20, ServeOptions(retry_after_s=4)) as (server, http, stack),
+        openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client,
+    ):
+        running = HeldStream(stack, http, server.base_url, prompt="a", max_tokens=2000)
+        running.read(1)
+        queued = HeldStream(stack, http, server.base_url, prompt="b", max_tokens=2000)
+        plain = http.post(f"{server.base_url}/completions", json={"model": MODEL, "prompt": "c"})
+        with pytest.raises(openai.RateLimitError) as streamed:
+            client.completions.create(model=MODEL, prompt="d", stream=True)
+        running.close()
+        queued.close()
+        wait_for(lambda: len(server.actions) == 6, "both held requests to be cancelled")
+        page = server.metrics_text()
+    for refused in (plain, streamed.value.response):
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "4"  # no bucket: --retry-after
+        error = _error_of(refused)
+        assert (error["type"], error["code"]) == ("rate_limit_error", "queue_full")
+        assert "'*' has max_queued = 1" in error["message"]
+    assert list(engine.requests_frame()["rejection"].fillna("-")) == [
+        "-",
+        "-",
+        "queue_full",
+        "queue_full",
+    ]
+    counted = _counters(page)
+    assert counted[("simsim:rejected_requests_total", "queue_full")] == 2
+    assert counted[("vllm:request_success_total", "abort")] == 2  # the two closed streams
