@@ -1,9 +1,10 @@
-"""A scenario's admission control under ``simsim serve``.
+"""A scenario's admission control and scheduler under ``simsim serve``.
 
 Each test serves a real :class:`~simsim.live.LiveServer` on a free port of 127.0.0.1 and
 calls it with the ``openai`` client and ``httpx``: a request the admission control turns
-away is answered 429 in OpenAI's shape (plain and streamed) and counted as refused.
-What is checked is the answer and the request table, never how long anything took.
+away is answered 429 in OpenAI's shape (plain and streamed), and a request's
+``priority`` reaches a priority scheduler. What is checked is the answer and the
+request table, never how long anything took.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import HeldStream, serve_backend, serving, wait_for
+from helpers import HeldStream, engine_request_id, serve_backend, serving, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 import simsim
 from simsim.admission import AdmissionControl, Limit
-from simsim.live import ServeOptions
+from simsim.live import ServeOptions, replay
+from simsim.schedulers import PriorityScheduler
 
 MODEL = "simsim"
 
@@ -163,3 +165,41 @@ def test_a_full_admission_queue_is_answered_429_with_retry_after() -> None:
     counted = _counters(page)
     assert counted[("simsim:rejected_requests_total", "queue_full")] == 2
     assert counted[("vllm:request_success_total", "abort")] == 2  # the two closed streams
+
+
+# --------------------------------------------------------------------------- priority
+
+
+def test_a_priority_scheduler_orders_served_requests_by_their_priority() -> None:
+    def fresh() -> simsim.SimulationEngine:
+        return simsim.SimulationEngine(serve_backend(100_000), PriorityScheduler())
+
+    engine = fresh()
+    with (
+        serving(engine, 20) as (server, http, stack),
+        openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client,
+    ):
+        running = HeldStream(stack, http, server.base_url, prompt="a", max_tokens=2000)
+        running.read(1)
+        # Queued behind it: a low priority first, then an urgent one (lower runs first).
+        later = HeldStream(stack, http, server.base_url, prompt="b", max_tokens=2000, priority=5)
+        urgent = client.completions.create(
+            model=MODEL, prompt="c", max_tokens=2000, stream=True, extra_body={"priority": -1}
+        )
+        stack.callback(urgent.close)
+        running.close()
+        first = next(iter(urgent))  # the freed slot goes to the urgent request
+        urgent_id = engine_request_id(first.id)
+        urgent.close()
+        later.read(1)
+        later.close()
+        wait_for(lambda: len(server.actions) == 6, "every request to be cancelled")
+    table = engine.requests_frame().set_index("request_id")
+    assert urgent_id == 2
+    assert table["admit_time_us"][2] < table["admit_time_us"][1]
+    assert list(engine.admissions_frame()["request_id"]) == [0, 2, 1]
+    assert [engine.requests[rid].priority for rid in (0, 1, 2)] == [0, 5, -1]
+    # The session's actions carry the priorities: replayed offline, the same table.
+    offline = fresh()
+    replay(server.actions, offline, until_us=server.stopped_at_us)
+    assert offline.requests_frame().equals(engine.requests_frame())

@@ -34,6 +34,7 @@ from simsim.live.wire import (
     ApiError,
     Ask,
     ServeOptions,
+    check_content_type,
     model_not_found,
     parse_completion,
     read_json_object,
@@ -111,6 +112,7 @@ class _Server:
             except ClientDisconnect:  # gone before its request was read: nobody to answer
                 self.metrics.rejected("client_disconnect")
                 return Response(status_code=499)
+            check_content_type(request.headers.get("content-type"))
             ask = parse_completion(read_json_object(raw), chat, self.options)
             self._inject_failure()
             self._check_queue()
@@ -122,7 +124,7 @@ class _Server:
                     headers={"Retry-After": str(self.options.retry_after_s)},
                 )
             try:
-                live = self.driver.submit(ask.prompt_tokens, ask.max_tokens)
+                live = self.driver.submit(ask.prompt_tokens, ask.max_tokens, priority=ask.priority)
             except EngineFailedError as error:
                 raise ApiError(500, str(error), error_type="server_error") from None
             except (ValueError, TypeError, ArithmeticError) as error:

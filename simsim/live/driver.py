@@ -82,8 +82,9 @@ class TokenUpdate(NamedTuple):
 class LiveAction:
     """One thing the driver did to the engine, at simulated time *time_us*.
 
-    ``"submit"`` carries the request's sizes; ``"cancel"`` only its id. The list of a
-    served session's actions, replayed with :func:`replay`, reproduces its run.
+    ``"submit"`` carries the request's sizes and priority; ``"cancel"`` only its id.
+    The list of a served session's actions, replayed with :func:`replay`, reproduces
+    its run.
     """
 
     time_us: int
@@ -91,6 +92,7 @@ class LiveAction:
     request_id: int
     prompt_token_count: int = 0
     max_output_tokens: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,19 +366,25 @@ class LiveDriver:
             live.updates.put_nowait(None)
         self._release_unchecked()
 
-    def submit(self, prompt_token_count: int, max_output_tokens: int) -> LiveRequest:
+    def submit(
+        self, prompt_token_count: int, max_output_tokens: int, *, priority: int = 0
+    ) -> LiveRequest:
         """Submit a request that arrives now; its id is the next number from 0.
 
-        Raises ``ValueError`` (or ``TypeError``) when the engine refuses the request, as
-        ``submit`` does (for instance a prompt that can never fit the KV cache); nothing
-        changes then. Raises :class:`~simsim.EngineFailedError` once the engine failed.
+        *priority* is the request's ``priority`` (a lower value runs first under the
+        priority scheduler; other schedulers ignore it). Raises ``ValueError`` (or
+        ``TypeError``) when the engine refuses the request, as ``submit`` does (for
+        instance a prompt that can never fit the KV cache); nothing changes then.
+        Raises :class:`~simsim.EngineFailedError` once the engine failed.
         """
         self._check_running()
         self._advance()
         if self._failure is not None:
             raise EngineFailedError(f"the simulation stopped: {self._failure}")
         now = self._env.now
-        request = Request(self._next_id, now, prompt_token_count, max_output_tokens)
+        request = Request(
+            self._next_id, now, prompt_token_count, max_output_tokens, priority=priority
+        )
         self._check_lifetime(request)
         self._engine.submit(request)
         self._next_id += 1
@@ -387,7 +395,14 @@ class LiveDriver:
         else:
             self._unchecked.append(live)
         self._actions.append(
-            LiveAction(now, "submit", request.request_id, prompt_token_count, max_output_tokens)
+            LiveAction(
+                now,
+                "submit",
+                request.request_id,
+                prompt_token_count,
+                max_output_tokens,
+                request.priority,
+            )
         )
         self._env.process(self._watch(live))
         if self.observer is not None:
@@ -585,6 +600,7 @@ def replay(
                     action.time_us,
                     action.prompt_token_count,
                     action.max_output_tokens,
+                    priority=action.priority,
                 )
             )
         else:
