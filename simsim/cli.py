@@ -735,20 +735,7 @@ def _serve(args: argparse.Namespace) -> int:
     from simsim.live import LiveServer, ServeOptions, serving_engine
     from simsim.live.wire import OptionError
 
-    if args.scenario is None:
-        scenario = default_serve_scenario()
-        if args.backend is not None:
-            scenario = _with_backend(scenario, args.backend)
-    else:
-        scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
-    if scenario.cluster is not None:
-        raise ScenarioError(
-            scenario.source,
-            "cluster",
-            f"simsim serve serves one server, and the file describes a cluster "
-            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
-            "(simsim run and simsim sweep simulate the cluster)",
-        )
+    scenario = _serving_scenario(args.scenario, args.backend)
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:
@@ -791,27 +778,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ScenarioError:
         server.stop()
         raise
-    if scenario.engine == "single_slot_fast":
-        print(
-            "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
-            "stream (same request table)",
-            file=sys.stderr,
-        )
-    unused = [
-        part
-        for part, present in (
-            ("requests", bool(scenario.requests)),
-            ("workload", scenario.workload is not None),
-            ("cancellations", bool(scenario.cancellations)),
-        )
-        if present
-    ]
-    if unused:
-        print(
-            f"simsim: ignoring {scenario.source}'s {' and '.join(unused)}: the clients send "
-            "the requests",
-            file=sys.stderr,
-        )
+    for note in _serve_notes(scenario):
+        print(note, file=sys.stderr)
     print(
         f"simsim serve: model {options.model!r} ({scenario.name}, engine "
         f"{type(engine).__name__}) on {server.base_url} at speed {args.speed:g}; "
@@ -841,6 +809,57 @@ def _serve(args: argparse.Namespace) -> int:
         _write_tables("--record", out, engine, args.format, scenario)
         print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
     return 0
+
+
+def _serving_scenario(path: str | None, backend: str | None) -> Scenario:
+    """The scenario ``simsim serve`` serves: the file at *path* (which needs no requests)
+    or the built-in server, with *backend*'s costs if given; a ``[cluster]`` is refused."""
+    if path is None:
+        scenario = default_serve_scenario()
+        if backend is not None:
+            scenario = _with_backend(scenario, backend)
+    else:
+        scenario = load_scenario(path, require_requests=False, backend=backend)
+    if scenario.cluster is not None:
+        raise ScenarioError(
+            scenario.source,
+            "cluster",
+            f"simsim serve serves one server, and the file describes a cluster "
+            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
+            "(simsim run and simsim sweep simulate the cluster)",
+        )
+    return scenario
+
+
+def _serve_notes(scenario: Scenario) -> list[str]:
+    """What ``simsim serve`` does differently from the file's words, one line each."""
+    notes = []
+    if scenario.engine == "single_slot_fast":
+        notes.append(
+            "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
+            "stream (same request table)"
+        )
+    unused = [
+        part
+        for part, present in (
+            ("requests", bool(scenario.requests)),
+            ("workload", scenario.workload is not None),
+            ("cancellations", bool(scenario.cancellations)),
+        )
+        if present
+    ]
+    if unused:
+        notes.append(
+            f"simsim: ignoring {scenario.source}'s {' and '.join(unused)}: the clients send "
+            "the requests"
+        )
+    if scenario.batching is not None and scenario.batching.prefix_cache:
+        notes.append(
+            "simsim: note: [prefix_cache] never hits over HTTP: served requests carry no KV "
+            "block hashes (prompts are not hashed into blocks yet), so every prompt is "
+            "prefilled in full"
+        )
+    return notes
 
 
 def _record_folder(value: str | None) -> Path | None:

@@ -330,3 +330,27 @@ def test_a_scenario_with_requests_is_served_with_a_note(
     # The served run has the client's request only, not the file's.
     assert "served 1 request " in captured.out.splitlines()[-1]
     assert serve_one[0].usage.prompt_tokens == 1
+
+
+def _scenario_file(path: Path, engine: str, tables: str) -> Path:
+    """A scenario named after *path*'s stem, of *engine*, with _BACKEND and *tables*."""
+    path.write_text(f'[scenario]\nname = "{path.stem}"\nengine = "{engine}"\n{_BACKEND}{tables}')
+    return path
+
+
+def test_a_prefix_cache_scenario_is_served_with_a_note(
+    tmp_path: Path, serve_one: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _scenario_file(
+        tmp_path / "prefix.toml",
+        "batching",
+        "[batching]\nmax_active_requests = 4\n"
+        "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 64\n[prefix_cache]\n",
+    )
+    assert main(["serve", str(path), "--port", "0", "--speed", "50"]) == 0
+    served = capsys.readouterr().err
+    note = [line for line in served.splitlines() if "[prefix_cache]" in line]
+    assert note == [
+        "simsim: note: [prefix_cache] never hits over HTTP: served requests carry no KV block "
+        "hashes (prompts are not hashed into blocks yet), so every prompt is prefilled in full"
+    ]

@@ -1,10 +1,11 @@
-"""A scenario's admission control and scheduler under ``simsim serve``.
+"""A scenario's admission control, scheduler and prefix cache under ``simsim serve``.
 
 Each test serves a real :class:`~simsim.live.LiveServer` on a free port of 127.0.0.1 and
 calls it with the ``openai`` client and ``httpx``: a request the admission control turns
-away is answered 429 in OpenAI's shape (plain and streamed), and a request's
-``priority`` reaches a priority scheduler. What is checked is the answer and the
-request table, never how long anything took.
+away is answered 429 in OpenAI's shape (plain and streamed), a request's ``priority``
+reaches a priority scheduler, and a prefix cache says on the model card that it never
+hits over HTTP. What is checked is the answer and the request table, never how long
+anything took.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import simsim
 from simsim.admission import AdmissionControl, Limit
-from simsim.live import ServeOptions, replay
+from simsim.live import LiveServer, ServeOptions, replay
 from simsim.schedulers import PriorityScheduler
 
 MODEL = "simsim"
@@ -203,3 +204,38 @@ def test_a_priority_scheduler_orders_served_requests_by_their_priority() -> None
     offline = fresh()
     replay(server.actions, offline, until_us=server.stopped_at_us)
     assert offline.requests_frame().equals(engine.requests_frame())
+
+
+# --------------------------------------------------------------------------- prefix cache
+
+
+def _prefix_caching_engine(prefix_cache: bool) -> simsim.BatchingEngine:
+    return simsim.BatchingEngine(
+        serve_backend(1_000),
+        max_active_requests=4,
+        kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=64),
+        prefix_cache=prefix_cache,
+    )
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_the_model_card_says_a_prefix_cache_never_hits_over_http(prefix_cache: bool) -> None:
+    engine = _prefix_caching_engine(prefix_cache)
+    with LiveServer(engine, speed=50, port=0) as server:
+        cards = httpx.get(f"{server.base_url}/models", timeout=30).json()["data"]
+        card = httpx.get(f"{server.base_url}/models/{MODEL}", timeout=30).json()
+        # The same prompt twice: a prefix cache would serve the second from the first.
+        for _ in range(2):
+            httpx.post(
+                f"{server.base_url}/completions",
+                json={"model": MODEL, "prompt": [7] * 40, "max_tokens": 1},
+                timeout=30,
+            ).raise_for_status()
+    assert cards == [card]
+    assert [request.cached_prompt_token_count for request in engine.requests.values()] == [0, 0]
+    if prefix_cache:
+        note = card["prefix_caching"]
+        assert (note["enabled"], note["hits_over_http"]) == (True, False)
+        assert "never serves a prompt token over HTTP" in note["note"]
+    else:
+        assert "prefix_caching" not in card

@@ -43,6 +43,12 @@ from simsim.request import RequestState
 
 __all__ = ["create_app"]
 
+# The model card's word on a [prefix_cache] (until served prompts are hashed into blocks).
+_PREFIX_CACHE_NOTE = (
+    "served requests carry no KV block hashes (simsim does not hash prompts into blocks "
+    "yet), so the prefix cache never serves a prompt token over HTTP: every prompt is "
+    "prefilled in full"
+)
 # An injected failure's error type, where OpenAI's is not the generic one for its class.
 _INJECTED_TYPES = {429: "rate_limit_error", 401: "authentication_error", 404: "not_found_error"}
 
@@ -83,7 +89,7 @@ class _Server:
         return JSONResponse(self._card())
 
     def _card(self) -> dict[str, Any]:
-        return {
+        card = {
             "id": self.options.model,
             "object": "model",
             "created": self.driver.unix_time(0),
@@ -92,6 +98,13 @@ class _Server:
             "parent": None,
             "max_model_len": self.options.max_model_len,
         }
+        if self.driver.prefix_cache:
+            card["prefix_caching"] = {
+                "enabled": True,
+                "hits_over_http": False,
+                "note": _PREFIX_CACHE_NOTE,
+            }
+        return card
 
     async def metrics_page(self, request: HttpRequest) -> Response:
         self.driver.catch_up()  # one page, one simulated time: counters and gauges agree

@@ -291,6 +291,16 @@ class LiveDriver:
         self._log_read = len(log)
         return self._preemptions
 
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the served engine has a prefix cache.
+
+        Served requests carry no block hashes (the prompt is not hashed into KV
+        blocks), so over HTTP the cache never serves a prompt token.
+        """
+        engine = self._engine
+        return isinstance(engine, BatchingEngine) and engine.prefix_cache
+
     def refusal(self, live: LiveRequest) -> Refusal | None:
         """Why the admission control turned *live* away, or ``None`` if it did not.
 
