@@ -3,7 +3,8 @@
 ``simsim run [SCENARIO.toml] [--out DIR] [--format csv|parquet] [--seed N]`` runs a
 scenario (the built-in default when none is given), prints a summary table and writes
 ``requests``, ``events``, ``admissions`` and ``summary`` files. ``simsim validate``
-checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
+checks a scenario file without running it (``--serve``: as ``simsim serve`` reads it).
+``simsim sweep SWEEP.toml --out DIR
 [--workers N | --dask ADDRESS]`` runs a sweep or capacity search file, writing each
 finished run at once so that running it again resumes. ``simsim plot DIR`` draws
 figures from a run's or a sweep's results folder. ``simsim compare A B [--out DIR]``
@@ -124,6 +125,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check a scenario file without running it")
     validate.add_argument("scenario", help="a scenario TOML file")
+    validate.add_argument(
+        "--serve",
+        action="store_true",
+        help="check it as 'simsim serve' reads it (a serving scenario needs no requests)",
+    )
 
     sweep = commands.add_parser(
         "sweep", help="run a sweep or capacity search file, resumable, on many processes"
@@ -692,7 +698,25 @@ def _count(number: int, noun: str) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    if args.serve:
+        scenario = _serving_scenario(args.scenario, None)
+        scenario.build_engine()  # what serve builds (the fast engine's options are the same)
+        for note in _serve_notes(scenario):
+            print(note, file=sys.stderr)
+        print(
+            f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+            "served over HTTP (the clients send the requests)"
+        )
+        return 0
+    scenario = load_scenario(args.scenario, require_requests=False)
+    if not scenario.requests and scenario.workload is None:
+        raise ScenarioError(
+            scenario.source,
+            "",
+            "the scenario has no requests: add [[requests]], [trace] or [workload] to run "
+            "it; a serving scenario (simsim serve: its clients send the requests) is "
+            f"checked with: simsim validate {args.scenario} --serve",
+        )
     # Submit every request to the engine (without running it): what run would refuse.
     requests = check_scenario(scenario)
     print(
@@ -858,6 +882,14 @@ def _serve_notes(scenario: Scenario) -> list[str]:
             "simsim: note: [prefix_cache] never hits over HTTP: served requests carry no KV "
             "block hashes (prompts are not hashed into blocks yet), so every prompt is "
             "prefilled in full"
+        )
+    admission = scenario.admission
+    if admission is not None and set(admission.limits) - {"*"}:
+        names = ", ".join(repr(name) for name in admission.limits if name != "*")
+        star = "only the '*' limit does" if "*" in admission.limits else "only a '*' limit would"
+        notes.append(
+            f"simsim: note: served requests carry no {admission.key} name, so the admission "
+            f"limits for {names} never apply to them ({star})"
         )
     return notes
 
