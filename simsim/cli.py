@@ -203,7 +203,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--record", metavar="DIR", default=None, help="write the run's tables to DIR on shutdown"
     )
-    serve.add_argument("--format", choices=FORMATS, default="csv", help="--record's file format")
+    serve.add_argument(
+        "--format", choices=FORMATS, default=None, help="--record's file format (default: csv)"
+    )
 
     _add_replay_parser(commands)
     _add_calibrate_parser(commands)
@@ -237,12 +239,24 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="P,P,...",
         help="distribution percentiles to compare (default: %(default)s)",
     )
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)  # for usage errors found after parsing
     return parser
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    """Refuse option combinations argparse cannot express, as argparse refuses (exit 2)."""
+    if args.command == "serve" and args.format is not None and args.record is None:
+        args.command_parser.error(
+            f"--format {args.format} sets the format of --record's files, and --record is "
+            "not given: add --record DIR, or leave --format out"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsim`` console script; returns the exit status."""
     args = _build_parser().parse_args(argv)
+    _check_usage(args)
     try:
         if args.command == "run":
             return _run(args)
@@ -764,11 +778,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:
         raise ScenarioError("--port", "", f"must be 0 to 65535, got {args.port}")
-    if (
-        args.record is not None
-        and args.format == "parquet"
-        and importlib.util.find_spec("pyarrow") is None
-    ):
+    fmt = "csv" if args.format is None else args.format
+    if args.record is not None and fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
         print(
             f"simsim: error: --record with --format parquet needs pyarrow: {_install('parquet')}",
             file=sys.stderr,
@@ -830,8 +841,8 @@ def _serve(args: argparse.Namespace) -> int:
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
-        _write_tables("--record", out, engine, args.format, scenario)
-        print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
+        _write_tables("--record", out, engine, fmt, scenario)
+        print(f"results in {out}/ ({fmt}); plot them with: simsim plot {out}")
     return 0
 
 

@@ -332,6 +332,20 @@ def test_a_scenario_with_requests_is_served_with_a_note(
     assert serve_one[0].usage.prompt_tokens == 1
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_format_without_record_is_a_usage_error_naming_both(
+    fmt: str, must_not_serve: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--port", "0", "--format", fmt])
+    assert refused.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith("simsim serve: error: "), last
+    assert f"--format {fmt}" in last and "--record" in last
+
+
 def _docs_serve_toml(tmp_path: Path) -> Path:
     """docs/serve.md's own ``serve.toml``, written to *tmp_path*."""
     page = (ROOT / "docs" / "serve.md").read_text(encoding="utf-8")
