@@ -281,6 +281,19 @@ class _Group:
         self.queued += 1
         return None
 
+    def refill_us(self, now: int) -> int | None:
+        """Microseconds from *now* until the bucket holds a whole token (0: it holds one
+        now); ``None`` without a rate, or at a rate of 0 with the bucket short of one."""
+        unit = self.unit
+        if not unit:
+            return None
+        level = min(self.cap, self.level + self.gain * (now - self.last_us))
+        if level >= unit:
+            return 0
+        if not self.gain:
+            return None
+        return -((level - unit) // self.gain)  # ceil((unit - level) / gain)
+
 
 _UNSEEN: Final[_Group] = object.__new__(_Group)  # a marker: never a real group
 
@@ -321,6 +334,14 @@ class AdmissionGate:
         group = self._group(request)
         if group is not None:
             group.queued -= 1
+
+    def refill_us(self, request: Request, now_us: int) -> int | None:
+        """How long after *now_us* the token bucket of *request*'s group next holds a
+        whole token, in microseconds: ``0`` if it holds one now; ``None`` when the group
+        has no rate limit, or a rate of 0 and no token left (it never refills). Reads
+        the bucket without changing it; *now_us* must not be before the last arrival."""
+        group = self._group(request)
+        return None if group is None else group.refill_us(now_us)
 
     def queued(self, name: str | None) -> int:
         """How many requests of the group *name* count as queued now."""

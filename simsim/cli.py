@@ -3,7 +3,8 @@
 ``simsim run [SCENARIO.toml] [--out DIR] [--format csv|parquet] [--seed N]`` runs a
 scenario (the built-in default when none is given), prints a summary table and writes
 ``requests``, ``events``, ``admissions`` and ``summary`` files. ``simsim validate``
-checks a scenario file without running it. ``simsim sweep SWEEP.toml --out DIR
+checks a scenario file without running it (``--serve``: as ``simsim serve`` reads it).
+``simsim sweep SWEEP.toml --out DIR
 [--workers N | --dask ADDRESS]`` runs a sweep or capacity search file, writing each
 finished run at once so that running it again resumes. ``simsim plot DIR`` draws
 figures from a run's or a sweep's results folder. ``simsim compare A B [--out DIR]``
@@ -124,6 +125,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check a scenario file without running it")
     validate.add_argument("scenario", help="a scenario TOML file")
+    validate.add_argument(
+        "--serve",
+        action="store_true",
+        help="check it as 'simsim serve' reads it (a serving scenario needs no requests)",
+    )
 
     sweep = commands.add_parser(
         "sweep", help="run a sweep or capacity search file, resumable, on many processes"
@@ -197,7 +203,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--record", metavar="DIR", default=None, help="write the run's tables to DIR on shutdown"
     )
-    serve.add_argument("--format", choices=FORMATS, default="csv", help="--record's file format")
+    serve.add_argument(
+        "--format", choices=FORMATS, default=None, help="--record's file format (default: csv)"
+    )
 
     _add_replay_parser(commands)
     _add_calibrate_parser(commands)
@@ -231,12 +239,24 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="P,P,...",
         help="distribution percentiles to compare (default: %(default)s)",
     )
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)  # for usage errors found after parsing
     return parser
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    """Refuse option combinations argparse cannot express, as argparse refuses (exit 2)."""
+    if args.command == "serve" and args.format is not None and args.record is None:
+        args.command_parser.error(
+            f"--format {args.format} sets the format of --record's files, and --record is "
+            "not given: add --record DIR, or leave --format out"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsim`` console script; returns the exit status."""
     args = _build_parser().parse_args(argv)
+    _check_usage(args)
     try:
         if args.command == "run":
             return _run(args)
@@ -692,7 +712,25 @@ def _count(number: int, noun: str) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    if args.serve:
+        scenario = _serving_scenario(args.scenario, None)
+        scenario.build_engine()  # what serve builds (the fast engine's options are the same)
+        for note in _serve_notes(scenario):
+            print(note, file=sys.stderr)
+        print(
+            f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+            "served over HTTP (the clients send the requests)"
+        )
+        return 0
+    scenario = load_scenario(args.scenario, require_requests=False)
+    if not scenario.requests and scenario.workload is None:
+        raise ScenarioError(
+            scenario.source,
+            "",
+            "the scenario has no requests: add [[requests]], [trace] or [workload] to run "
+            "it; a serving scenario (simsim serve: its clients send the requests) is "
+            f"checked with: simsim validate {args.scenario} --serve",
+        )
     # Submit every request to the engine (without running it): what run would refuse.
     requests = check_scenario(scenario)
     print(
@@ -735,29 +773,13 @@ def _serve(args: argparse.Namespace) -> int:
     from simsim.live import LiveServer, ServeOptions, serving_engine
     from simsim.live.wire import OptionError
 
-    if args.scenario is None:
-        scenario = default_serve_scenario()
-        if args.backend is not None:
-            scenario = _with_backend(scenario, args.backend)
-    else:
-        scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
-    if scenario.cluster is not None:
-        raise ScenarioError(
-            scenario.source,
-            "cluster",
-            f"simsim serve serves one server, and the file describes a cluster "
-            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
-            "(simsim run and simsim sweep simulate the cluster)",
-        )
+    scenario = _serving_scenario(args.scenario, args.backend)
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise ScenarioError("--speed", "", f"must be a positive number, got {args.speed}")
     if not 0 <= args.port <= 65535:
         raise ScenarioError("--port", "", f"must be 0 to 65535, got {args.port}")
-    if (
-        args.record is not None
-        and args.format == "parquet"
-        and importlib.util.find_spec("pyarrow") is None
-    ):
+    fmt = "csv" if args.format is None else args.format
+    if args.record is not None and fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
         print(
             f"simsim: error: --record with --format parquet needs pyarrow: {_install('parquet')}",
             file=sys.stderr,
@@ -791,27 +813,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ScenarioError:
         server.stop()
         raise
-    if scenario.engine == "single_slot_fast":
-        print(
-            "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
-            "stream (same request table)",
-            file=sys.stderr,
-        )
-    unused = [
-        part
-        for part, present in (
-            ("requests", bool(scenario.requests)),
-            ("workload", scenario.workload is not None),
-            ("cancellations", bool(scenario.cancellations)),
-        )
-        if present
-    ]
-    if unused:
-        print(
-            f"simsim: ignoring {scenario.source}'s {' and '.join(unused)}: the clients send "
-            "the requests",
-            file=sys.stderr,
-        )
+    for note in _serve_notes(scenario):
+        print(note, file=sys.stderr)
     print(
         f"simsim serve: model {options.model!r} ({scenario.name}, engine "
         f"{type(engine).__name__}) on {server.base_url} at speed {args.speed:g}; "
@@ -838,9 +841,68 @@ def _serve(args: argparse.Namespace) -> int:
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
-        _write_tables("--record", out, engine, args.format, scenario)
-        print(f"results in {out}/ ({args.format}); plot them with: simsim plot {out}")
+        _write_tables("--record", out, engine, fmt, scenario)
+        print(f"results in {out}/ ({fmt}); plot them with: simsim plot {out}")
     return 0
+
+
+def _serving_scenario(path: str | None, backend: str | None) -> Scenario:
+    """The scenario ``simsim serve`` serves: the file at *path* (which needs no requests)
+    or the built-in server, with *backend*'s costs if given; a ``[cluster]`` is refused."""
+    if path is None:
+        scenario = default_serve_scenario()
+        if backend is not None:
+            scenario = _with_backend(scenario, backend)
+    else:
+        scenario = load_scenario(path, require_requests=False, backend=backend)
+    if scenario.cluster is not None:
+        raise ScenarioError(
+            scenario.source,
+            "cluster",
+            f"simsim serve serves one server, and the file describes a cluster "
+            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
+            "(simsim run and simsim sweep simulate the cluster)",
+        )
+    return scenario
+
+
+def _serve_notes(scenario: Scenario) -> list[str]:
+    """What ``simsim serve`` does differently from the file's words, one line each."""
+    notes = []
+    if scenario.engine == "single_slot_fast":
+        notes.append(
+            "simsim: serving engine single_slot: single_slot_fast has no per-token steps to "
+            "stream (same request table)"
+        )
+    unused = [
+        part
+        for part, present in (
+            ("requests", bool(scenario.requests)),
+            ("workload", scenario.workload is not None),
+            ("cancellations", bool(scenario.cancellations)),
+        )
+        if present
+    ]
+    if unused:
+        notes.append(
+            f"simsim: ignoring {scenario.source}'s {' and '.join(unused)}: the clients send "
+            "the requests"
+        )
+    if scenario.batching is not None and scenario.batching.prefix_cache:
+        notes.append(
+            "simsim: note: [prefix_cache] never hits over HTTP: served requests carry no KV "
+            "block hashes (prompts are not hashed into blocks yet), so every prompt is "
+            "prefilled in full"
+        )
+    admission = scenario.admission
+    if admission is not None and set(admission.limits) - {"*"}:
+        names = ", ".join(repr(name) for name in admission.limits if name != "*")
+        star = "only the '*' limit does" if "*" in admission.limits else "only a '*' limit would"
+        notes.append(
+            f"simsim: note: served requests carry no {admission.key} name, so the admission "
+            f"limits for {names} never apply to them ({star})"
+        )
+    return notes
 
 
 def _record_folder(value: str | None) -> Path | None:

@@ -714,6 +714,39 @@ _BAD_REQUESTS: list[tuple[str, Any, int, str | None, str | None]] = [
         "prompt",
         None,
     ),
+    # Accepted and ignored, but only within OpenAI's documented ranges.
+    ("/completions", {"model": MODEL, "prompt": "x", "temperature": 2.5}, 400, "temperature", None),
+    (
+        "/completions",
+        {"model": MODEL, "prompt": "x", "temperature": -0.1},
+        400,
+        "temperature",
+        None,
+    ),
+    ("/completions", {"model": MODEL, "prompt": "x", "top_p": 1.5}, 400, "top_p", None),
+    (
+        "/chat/completions",
+        {"model": MODEL, "messages": _chat("x"), "frequency_penalty": -3},
+        400,
+        "frequency_penalty",
+        None,
+    ),
+    (
+        "/chat/completions",
+        {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "messages[0].role",
+        None,
+    ),
+    # Strict JSON: no NaN or Infinity, and no number a float cannot hold.
+    ("/completions", b'{"model": "simsim", "prompt": "x", "temperature": NaN}', 400, None, None),
+    ("/completions", b'{"model": "simsim", "prompt": "x", "top_p": -Infinity}', 400, None, None),
+    ("/completions", b'{"model": "simsim", "prompt": "x", "temperature": 1e999}', 400, None, None),
+    # priority reaches the scheduler: an integer of the signed 64-bit range.
+    ("/completions", {"model": MODEL, "prompt": "x", "priority": "high"}, 400, "priority", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "priority": True}, 400, "priority", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "priority": 1.5}, 400, "priority", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "priority": 2**63}, 400, "priority", None),
 ]
 
 
@@ -763,6 +796,35 @@ def test_bad_requests_get_openai_errors_and_disturb_no_one() -> None:
         value for (name, _), value in page.items() if name == "simsim:rejected_requests_total"
     )
     assert rejected == len(_BAD_REQUESTS) + 4
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("application/json", 200),
+        ("Application/JSON; charset=utf-8", 200),
+        (None, 200),  # no header: read as JSON, as vLLM does
+        ("text/plain", 400),
+        ("application/x-www-form-urlencoded", 400),  # what curl -d sends without -H
+        ("application/jsonl", 400),
+    ],
+)
+def test_a_body_declared_as_anything_but_json_is_a_400(
+    server: LiveServer, content_type: str | None, status: int
+) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    answer = httpx.post(
+        f"{server.base_url}/completions",
+        content=json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1}).encode(),
+        headers=headers,
+        timeout=30,
+    )
+    assert answer.status_code == status, answer.text
+    if status == 400:
+        error = _error_of(answer)
+        assert error["type"] == "invalid_request_error"
+        assert repr(content_type) in error["message"]
+        assert "application/json" in error["message"]
 
 
 def test_connections_send_each_chunk_at_once() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import HeldStream, wait_for
+from helpers import ROOT, HeldStream, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from simsim.cli import main
@@ -330,3 +330,99 @@ def test_a_scenario_with_requests_is_served_with_a_note(
     # The served run has the client's request only, not the file's.
     assert "served 1 request " in captured.out.splitlines()[-1]
     assert serve_one[0].usage.prompt_tokens == 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_format_without_record_is_a_usage_error_naming_both(
+    fmt: str, must_not_serve: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--port", "0", "--format", fmt])
+    assert refused.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith("simsim serve: error: "), last
+    assert f"--format {fmt}" in last and "--record" in last
+
+
+def _docs_serve_toml(tmp_path: Path) -> Path:
+    """docs/serve.md's own ``serve.toml``, written to *tmp_path*."""
+    page = (ROOT / "docs" / "serve.md").read_text(encoding="utf-8")
+    found = re.search(r"```toml\n(# serve\.toml\n.*?)```", page, re.DOTALL)
+    assert found, "docs/serve.md has no toml block starting '# serve.toml'"
+    path = tmp_path / "serve.toml"
+    path.write_text(found.group(1))
+    return path
+
+
+def test_validate_serve_checks_serve_md_s_own_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _docs_serve_toml(tmp_path)
+    assert main(["validate", str(path), "--serve"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == (
+        f"{path}: ok: scenario 'eight-slots', engine batching, served over HTTP "
+        "(the clients send the requests)\n"
+    )
+    # Without --serve it is checked for simsim run: the error says what is missing
+    # and how to check it as a serving scenario.
+    assert main(["validate", str(path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"simsim: error: {path}: the scenario has no requests: "), line
+    assert f"simsim validate {path} --serve" in line
+
+
+def _scenario_file(path: Path, engine: str, tables: str) -> Path:
+    """A scenario named after *path*'s stem, of *engine*, with _BACKEND and *tables*."""
+    path.write_text(f'[scenario]\nname = "{path.stem}"\nengine = "{engine}"\n{_BACKEND}{tables}')
+    return path
+
+
+def test_validate_serve_refuses_what_serve_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _scenario_file(tmp_path / "two.toml", "single_slot", "[cluster]\nreplicas = 2\n")
+    assert main(["validate", str(path), "--serve"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"simsim: error: {path}: cluster: simsim serve serves one server"), line
+
+
+def test_a_prefix_cache_scenario_is_served_with_a_note(
+    tmp_path: Path, serve_one: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _scenario_file(
+        tmp_path / "prefix.toml",
+        "batching",
+        "[batching]\nmax_active_requests = 4\n"
+        "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 64\n[prefix_cache]\n",
+    )
+    assert main(["serve", str(path), "--port", "0", "--speed", "50"]) == 0
+    served = capsys.readouterr().err
+    note = [line for line in served.splitlines() if "[prefix_cache]" in line]
+    assert note == [
+        "simsim: note: [prefix_cache] never hits over HTTP: served requests carry no KV block "
+        "hashes (prompts are not hashed into blocks yet), so every prompt is prefilled in full"
+    ]
+    # simsim validate --serve says the same.
+    assert main(["validate", str(path), "--serve"]) == 0
+    assert note[0] in capsys.readouterr().err
+
+
+def test_validate_serve_notes_what_serve_ignores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _scenario_file(
+        tmp_path / "classes.toml",
+        "single_slot",
+        "[[requests]]\nrequest_id = 0\narrival_time_us = 0\nprompt_token_count = 4\n"
+        'max_output_tokens = 2\nrequest_class = "batch"\n'
+        "[admission.limits.batch]\nmax_queued = 1\n",
+    )
+    assert main(["validate", str(path), "--serve"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"simsim: ignoring {path}'s requests: the clients send the requests",
+        "simsim: note: served requests carry no class name, so the admission limits for "
+        "'batch' never apply to them (only a '*' limit would)",
+    ]

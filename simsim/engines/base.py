@@ -224,6 +224,29 @@ class EngineBase(ABC):
         """The admission control that checks each arrival, or ``None``."""
         return self._admission
 
+    def rate_limit_refill_us(self, request_id: int) -> int | None:
+        """How long from now until the token bucket of *request_id*'s class (or tenant)
+        holds a whole token, in microseconds: ``0`` if it holds one now.
+
+        ``None`` without an admission control, without a rate limit for that group, or
+        at a rate of 0 with the bucket empty (it never refills). A request turned away
+        as ``"rate_limited"`` would be accepted after that long, unless another arrival
+        of its group takes the token first. Reads the bucket without changing it.
+        """
+        request = self._submitted(request_id)
+        gate = self._gate
+        return None if gate is None else gate.refill_us(request, self._env._now)
+
+    def _submitted(self, request_id: int) -> Request:
+        """The request *request_id* of this live engine; :class:`UnknownRequestError`
+        for an id never submitted (and :class:`EngineFailedError` once failed)."""
+        self._check_alive()
+        rid = check_count(request_id, "request_id")
+        request = self._requests.get(rid)
+        if request is None:
+            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        return request
+
     @property
     @abstractmethod
     def max_active_requests(self) -> int:
@@ -423,11 +446,8 @@ class EngineBase(ABC):
         :class:`InvalidTransitionError` for a request that is already terminal; nothing
         changes then.
         """
-        self._check_alive()
-        rid = check_count(request_id, "request_id")
-        request = self._requests.get(rid)
-        if request is None:
-            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        request = self._submitted(request_id)
+        rid = request.request_id
         state = request.state
         if request.is_terminal:
             raise InvalidTransitionError(
@@ -457,11 +477,8 @@ class EngineBase(ABC):
         finish or be cancelled; for a request that is already terminal the event is
         already triggered and the process resumes at once.
         """
-        self._check_alive()
-        rid = check_count(request_id, "request_id")
-        request = self._requests.get(rid)
-        if request is None:
-            raise UnknownRequestError(f"request {rid} was never submitted to this engine")
+        request = self._submitted(request_id)
+        rid = request.request_id
         event = self._completions.get(rid)
         if event is None:
             event = Event(self._env)

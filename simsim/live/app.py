@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -26,13 +27,14 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from simsim.errors import EngineFailedError
-from simsim.live.driver import LiveDriver, LiveRequest
+from simsim.live.driver import LiveDriver, LiveRequest, Refusal
 from simsim.live.metrics import CONTENT_TYPE, ServerMetrics
 from simsim.live.tokens import filler_text, filler_token
 from simsim.live.wire import (
     ApiError,
     Ask,
     ServeOptions,
+    check_content_type,
     model_not_found,
     parse_completion,
     read_json_object,
@@ -41,6 +43,12 @@ from simsim.request import RequestState
 
 __all__ = ["create_app"]
 
+# The model card's word on a [prefix_cache] (until served prompts are hashed into blocks).
+_PREFIX_CACHE_NOTE = (
+    "served requests carry no KV block hashes (simsim does not hash prompts into blocks "
+    "yet), so the prefix cache never serves a prompt token over HTTP: every prompt is "
+    "prefilled in full"
+)
 # An injected failure's error type, where OpenAI's is not the generic one for its class.
 _INJECTED_TYPES = {429: "rate_limit_error", 401: "authentication_error", 404: "not_found_error"}
 
@@ -81,7 +89,7 @@ class _Server:
         return JSONResponse(self._card())
 
     def _card(self) -> dict[str, Any]:
-        return {
+        card = {
             "id": self.options.model,
             "object": "model",
             "created": self.driver.unix_time(0),
@@ -90,6 +98,13 @@ class _Server:
             "parent": None,
             "max_model_len": self.options.max_model_len,
         }
+        if self.driver.prefix_cache:
+            card["prefix_caching"] = {
+                "enabled": True,
+                "hits_over_http": False,
+                "note": _PREFIX_CACHE_NOTE,
+            }
+        return card
 
     async def metrics_page(self, request: HttpRequest) -> Response:
         self.driver.catch_up()  # one page, one simulated time: counters and gauges agree
@@ -110,6 +125,7 @@ class _Server:
             except ClientDisconnect:  # gone before its request was read: nobody to answer
                 self.metrics.rejected("client_disconnect")
                 return Response(status_code=499)
+            check_content_type(request.headers.get("content-type"))
             ask = parse_completion(read_json_object(raw), chat, self.options)
             self._inject_failure()
             self._check_queue()
@@ -121,7 +137,7 @@ class _Server:
                     headers={"Retry-After": str(self.options.retry_after_s)},
                 )
             try:
-                live = self.driver.submit(ask.prompt_tokens, ask.max_tokens)
+                live = self.driver.submit(ask.prompt_tokens, ask.max_tokens, priority=ask.priority)
             except EngineFailedError as error:
                 raise ApiError(500, str(error), error_type="server_error") from None
             except (ValueError, TypeError, ArithmeticError) as error:
@@ -132,7 +148,29 @@ class _Server:
                 error.code if error.code == "injected_failure" else _reason(error.status)
             )
             return _error_response(error)
+        # The scenario's admission control checks the arrival when the simulation
+        # processes it, a simulated microsecond from now: only then is the answer known.
+        await live.checked.wait()
+        refusal = self.driver.refusal(live)
+        if refusal is not None:  # the metrics counted it, as they saw it end refused
+            return _error_response(self._refused(refusal))
         return _Served(self, live, ask)
+
+    def _refused(self, refusal: Refusal) -> ApiError:
+        """The 429 of a request the admission control turned away.
+
+        ``Retry-After`` is when its token bucket holds a token again, rounded up to
+        whole wall seconds, where that is known; else ``--retry-after``.
+        """
+        wait_s = refusal.retry_after_s
+        seconds = self.options.retry_after_s if wait_s is None else math.ceil(wait_s)
+        return ApiError(
+            429,
+            refusal.message,
+            error_type="rate_limit_error",
+            code=refusal.reason,
+            headers={"Retry-After": str(seconds)},
+        )
 
     def _inject_failure(self) -> None:
         options = self.options

@@ -22,7 +22,10 @@ What happens when, in simulated time:
 Each submitted request gets a :class:`LiveRequest`: an asyncio queue of
 :class:`TokenUpdate` items, one per output token at the microsecond its decode step
 completes (from the engine's ``token(rid, n)`` events, waited on by one SimPy process
-per request), then ``None`` when the request ends.
+per request), then ``None`` when the request ends. With an admission control, whether a
+request was accepted is known only once its arrival has been processed, one simulated
+microsecond after it was submitted: its ``checked`` event is set then, and
+:meth:`LiveDriver.refusal` says why it was turned away, if it was.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ import asyncio
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
 import simpy
 
+from simsim.admission import ANY_OTHER, RATE_LIMITED
 from simsim.engines import BatchingEngine, FastSimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import EngineFailedError
@@ -49,6 +54,7 @@ __all__ = [
     "LiveAction",
     "LiveDriver",
     "LiveRequest",
+    "Refusal",
     "TokenUpdate",
     "replay",
 ]
@@ -76,8 +82,9 @@ class TokenUpdate(NamedTuple):
 class LiveAction:
     """One thing the driver did to the engine, at simulated time *time_us*.
 
-    ``"submit"`` carries the request's sizes; ``"cancel"`` only its id. The list of a
-    served session's actions, replayed with :func:`replay`, reproduces its run.
+    ``"submit"`` carries the request's sizes and priority; ``"cancel"`` only its id.
+    The list of a served session's actions, replayed with :func:`replay`, reproduces
+    its run.
     """
 
     time_us: int
@@ -85,6 +92,22 @@ class LiveAction:
     request_id: int
     prompt_token_count: int = 0
     max_output_tokens: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why the engine's admission control turned a served request away.
+
+    *reason* is the request's ``rejection`` (``"rate_limited"`` or ``"queue_full"``),
+    *message* names the limit it ran into, and *retry_after_s* is how many wall
+    seconds from now its group's token bucket holds a whole token again (``None`` when
+    that is not known: a full queue, or a bucket that never refills).
+    """
+
+    reason: str
+    message: str
+    retry_after_s: float | None
 
 
 class DriverObserver(Protocol):
@@ -105,14 +128,18 @@ class LiveRequest:
 
     ``updates`` yields a :class:`TokenUpdate` per output token and then ``None``; after
     that, :attr:`request` (the engine's :class:`~simsim.Request`) is terminal and holds
-    every simulated time of the request.
+    every simulated time of the request. ``checked`` is set once the engine's admission
+    control has checked the request's arrival (at once on an engine without one, and
+    when the driver stops or fails first): from then on ``request.rejection`` says
+    whether it was turned away.
     """
 
-    __slots__ = ("request", "updates")
+    __slots__ = ("checked", "request", "updates")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.updates: asyncio.Queue[TokenUpdate | None] = asyncio.Queue()
+        self.checked = asyncio.Event()
 
     @property
     def request_id(self) -> int:
@@ -164,6 +191,8 @@ class LiveDriver:
         self._behind = False
         self._next_id = 0
         self._unfinished: dict[int, LiveRequest] = {}
+        # Requests whose arrival the admission control has yet to check, oldest first.
+        self._unchecked: deque[LiveRequest] = deque()
         self._actions: list[LiveAction] = []
         self._failure: BaseException | None = None
         self._stopped = False
@@ -262,6 +291,54 @@ class LiveDriver:
         self._log_read = len(log)
         return self._preemptions
 
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the served engine has a prefix cache.
+
+        Served requests carry no block hashes (the prompt is not hashed into KV
+        blocks), so over HTTP the cache never serves a prompt token.
+        """
+        engine = self._engine
+        return isinstance(engine, BatchingEngine) and engine.prefix_cache
+
+    def refusal(self, live: LiveRequest) -> Refusal | None:
+        """Why the admission control turned *live* away, or ``None`` if it did not.
+
+        Ask once ``live.checked`` is set. The retry time is the one a client could act
+        on now: the simulated time until its group's bucket refills, in wall seconds.
+        """
+        request = live.request
+        reason = request.rejection
+        admission = self._engine.admission
+        if reason is None or admission is None:
+            return None
+        name = admission.group_of(request)
+        key = name if name is not None and name in admission.limits else ANY_OTHER
+        limit = admission.limits[key]
+        retry_after_s = None
+        if reason == RATE_LIMITED:
+            refill_us = None
+            if self._failure is None:
+                refill_us = self._engine.rate_limit_refill_us(request.request_id)
+            if refill_us is not None:
+                retry_after_s = refill_us / self._us_per_second
+            refills = (
+                f"its next token comes in {refill_us} simulated us"
+                if refill_us is not None
+                else "it never refills"
+            )
+            message = (
+                f"rate limit reached: the scenario's admission limit {key!r} has "
+                f"rate_per_s = {limit.rate_per_s:g} (per simulated second) and burst = "
+                f"{limit.burst}, and its token bucket is empty; {refills}"
+            )
+        else:
+            message = (
+                f"queue full: the scenario's admission limit {key!r} has max_queued = "
+                f"{limit.max_queued}, and that many of its requests are queued; retry later"
+            )
+        return Refusal(reason, message, retry_after_s)
+
     def kv_cache_usage(self) -> float | None:
         """The fraction of KV blocks in use, or ``None`` for a server without a KV cache."""
         self._running_here()
@@ -297,27 +374,45 @@ class LiveDriver:
         # Streams of unfinished requests end now; their requests stay as they are.
         for live in self._unfinished.values():
             live.updates.put_nowait(None)
+        self._release_unchecked()
 
-    def submit(self, prompt_token_count: int, max_output_tokens: int) -> LiveRequest:
+    def submit(
+        self, prompt_token_count: int, max_output_tokens: int, *, priority: int = 0
+    ) -> LiveRequest:
         """Submit a request that arrives now; its id is the next number from 0.
 
-        Raises ``ValueError`` (or ``TypeError``) when the engine refuses the request, as
-        ``submit`` does (for instance a prompt that can never fit the KV cache); nothing
-        changes then. Raises :class:`~simsim.EngineFailedError` once the engine failed.
+        *priority* is the request's ``priority`` (a lower value runs first under the
+        priority scheduler; other schedulers ignore it). Raises ``ValueError`` (or
+        ``TypeError``) when the engine refuses the request, as ``submit`` does (for
+        instance a prompt that can never fit the KV cache); nothing changes then.
+        Raises :class:`~simsim.EngineFailedError` once the engine failed.
         """
         self._check_running()
         self._advance()
         if self._failure is not None:
             raise EngineFailedError(f"the simulation stopped: {self._failure}")
         now = self._env.now
-        request = Request(self._next_id, now, prompt_token_count, max_output_tokens)
+        request = Request(
+            self._next_id, now, prompt_token_count, max_output_tokens, priority=priority
+        )
         self._check_lifetime(request)
         self._engine.submit(request)
         self._next_id += 1
         live = LiveRequest(request)
         self._unfinished[request.request_id] = live
+        if self._engine.admission is None:
+            live.checked.set()  # nothing can turn it away
+        else:
+            self._unchecked.append(live)
         self._actions.append(
-            LiveAction(now, "submit", request.request_id, prompt_token_count, max_output_tokens)
+            LiveAction(
+                now,
+                "submit",
+                request.request_id,
+                prompt_token_count,
+                max_output_tokens,
+                request.priority,
+            )
         )
         self._env.process(self._watch(live))
         if self.observer is not None:
@@ -431,19 +526,30 @@ class LiveDriver:
                     if target > env.now:
                         env.run(until=target)
                     self._behind = False
-                    return
+                    break
                 env.run(until=at + 1)
                 if loop.time() >= deadline_s:
                     self._behind = True
-                    return
+                    break
         except Exception as error:  # the engine failed: every stream ends
             self._fail(error)
+            return
+        # Every arrival before now has been processed, and so checked.
+        unchecked, now = self._unchecked, env.now
+        while unchecked and unchecked[0].request.arrival_time_us < now:
+            unchecked.popleft().checked.set()
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error
         for live in self._unfinished.values():
             live.updates.put_nowait(None)
         self._unfinished.clear()
+        self._release_unchecked()
+
+    def _release_unchecked(self) -> None:
+        """The driver stops before some arrivals were checked: nobody waits on them."""
+        while self._unchecked:
+            self._unchecked.popleft().checked.set()
 
     def _schedule(self) -> None:
         """Set the loop timer for the microsecond after the next pending event.
@@ -504,6 +610,7 @@ def replay(
                     action.time_us,
                     action.prompt_token_count,
                     action.max_output_tokens,
+                    priority=action.priority,
                 )
             )
         else:

@@ -169,7 +169,8 @@ class ServerMetrics:
         )
         self._rejected = Counter(
             "simsim:rejected_requests",
-            "HTTP requests answered with an error before reaching the simulation, by reason.",
+            "Requests answered with an error: refused before reaching the simulation, or "
+            "turned away by the scenario's admission control, by reason.",
             [*names, "reason"],
             registry=registry,
         )
@@ -189,7 +190,14 @@ class ServerMetrics:
             self._itl.observe(gap_us * _US)
 
     def request_ended(self, request: Request) -> None:
-        """Count the end; a request with no token gives its queue time and prompt here."""
+        """Count the end; a request with no token gives its queue time and prompt here.
+
+        A request the admission control turned away at its arrival did not end: it was
+        refused, and counts as rejected under its ``rejection`` reason.
+        """
+        if request.rejection is not None:
+            self.rejected(request.rejection)
+            return
         if request.generated_token_count == 0 and request.admit_time_us is not None:
             self._admitted(request)
         if request.state is RequestState.FINISHED:
@@ -205,7 +213,8 @@ class ServerMetrics:
         self._success.labels(**self._labels, finished_reason=reason).inc()
 
     def rejected(self, reason: str) -> None:
-        """An HTTP request was refused before reaching the simulation (*reason*)."""
+        """A request was refused (*reason*): before reaching the simulation, or by its
+        admission control."""
         self._rejected.labels(**self._labels, reason=reason).inc()
 
     def render(self) -> bytes:

@@ -2,14 +2,16 @@
 
 :func:`parse_completion` checks a completion or chat completion body against the rules
 of ``docs/serve.md`` ("Endpoints and fields") and says what it asks of the simulation
-(an :class:`Ask`: prompt tokens, output tokens, streaming); anything it refuses is an
+(an :class:`Ask`: prompt tokens, output tokens, priority, streaming); anything it refuses is an
 :class:`ApiError` carrying OpenAI's error object. :class:`ServeOptions` are the
-server's settings these rules read. Nothing here knows HTTP or the simulation.
+server's settings these rules read. Nothing here knows the simulation, nor HTTP beyond
+the value of a ``Content-Type`` header (:func:`check_content_type`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -22,6 +24,7 @@ __all__ = [
     "Ask",
     "OptionError",
     "ServeOptions",
+    "check_content_type",
     "model_not_found",
     "parse_completion",
     "read_json_object",
@@ -144,7 +147,7 @@ _SAMPLING: Final = frozenset(
 _HINTS: Final = frozenset(
     {
         "prompt_cache_key", "safety_identifier", "service_tier", "metadata", "store",
-        "priority", "request_id", "cache_salt", "include_stop_str_in_output",
+        "request_id", "cache_salt", "include_stop_str_in_output",
         "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
         "bad_words", "length_penalty", "add_special_tokens", "guided_json", "guided_regex",
         "guided_choice", "guided_grammar", "structured_outputs", "logits_processors",
@@ -152,9 +155,9 @@ _HINTS: Final = frozenset(
         "guided_decoding_backend", "prompt_logprobs", "use_beam_search",
     }
 )  # fmt: skip
-_COMMON: Final = (
-    _SAMPLING | _HINTS | {"model", "stream", "stream_options", "max_tokens", "n", "logprobs"}
-)
+_COMMON: Final = _SAMPLING | _HINTS | {
+    "model", "stream", "stream_options", "max_tokens", "n", "logprobs", "priority",
+}  # fmt: skip
 _COMPLETION_FIELDS: Final = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT_FIELDS: Final = _COMMON | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
@@ -183,6 +186,18 @@ _FIELD_TYPES: Final[dict[str, tuple[tuple[type, ...], str]]] = {
     "metadata": ((dict,), "an object"),
     "stop_token_ids": ((list,), "a list of token ids"),
 }  # fmt: skip
+# OpenAI's documented ranges of the sampling numbers (inclusive): ignored, but a value
+# outside its range is a client's bug that OpenAI's API refuses too.
+_RANGES: Final = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2),
+}
+# The roles of OpenAI's chat messages.
+_ROLES: Final = ("system", "user", "assistant", "tool", "developer")
+# A priority is a scheduler key: an int of the signed 64-bit range, as in scenario files.
+_PRIORITY_RANGE: Final = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +209,8 @@ class Ask:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0
+    """The request's ``priority`` (a lower value runs first under a priority scheduler)."""
 
 
 def model_not_found(name: str, options: ServeOptions) -> ApiError:
@@ -207,10 +224,51 @@ def model_not_found(name: str, options: ServeOptions) -> ApiError:
     )
 
 
+def check_content_type(content_type: str | None) -> None:
+    """Refuse (400) a body declared as anything but JSON.
+
+    *content_type* is the request's ``Content-Type`` header: its media type must be
+    ``application/json`` (in any case; parameters such as ``charset=utf-8`` are
+    allowed). A request without the header is read as JSON, as vLLM reads it.
+    """
+    if content_type is None:
+        return
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(
+            400,
+            f"the request body must be JSON with Content-Type: application/json, got "
+            f"Content-Type: {content_type!r} (curl: -H 'Content-Type: application/json')",
+        )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ApiError(
+        400,
+        f"the request body is not valid JSON: {name} is not a JSON number (JSON numbers "
+        "are finite)",
+    )
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ApiError(
+            400,
+            f"the request body has the number {text}, too large for a double-precision "
+            "float (JSON numbers must be finite)",
+        )
+    return value
+
+
 def read_json_object(raw: bytes) -> dict[str, Any]:
-    """The request body *raw* as a JSON object; :class:`ApiError` (400) otherwise."""
+    """The request body *raw* as a JSON object; :class:`ApiError` (400) otherwise.
+
+    Strict JSON: ``NaN``, ``Infinity`` and numbers too large for a float (which Python
+    reads as infinite) are refused.
+    """
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"the request body is not valid JSON: {error}") from None
     except RecursionError:
@@ -237,6 +295,28 @@ def parse_completion(body: dict[str, Any], chat: bool, options: ServeOptions) ->
         wrong_bool = isinstance(value, bool) and bool not in types
         if wrong_bool or not isinstance(value, types):
             raise ApiError(400, f"'{key}' must be {expected}, got {value!r}", param=key)
+    for key, (low, high) in _RANGES.items():
+        value = body.get(key)
+        if value is not None and not low <= value <= high:
+            raise ApiError(
+                400,
+                f"'{key}' must be from {low} to {high} (OpenAI's range), got {value!r}",
+                param=key,
+            )
+    priority = body.get("priority")
+    if priority is None:
+        priority = 0
+    elif (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]
+    ):
+        raise ApiError(
+            400,
+            f"'priority' must be an integer from -2**63 to 2**63 - 1 (lower runs first "
+            f"under a priority scheduler), got {priority!r}",
+            param="priority",
+        )
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(
@@ -306,7 +386,7 @@ def parse_completion(body: dict[str, Any], chat: bool, options: ServeOptions) ->
             else ("messages" if chat else "prompt"),
             code="context_length_exceeded",
         )
-    return Ask(chat, prompt_tokens, max_tokens, stream, include_usage)
+    return Ask(chat, prompt_tokens, max_tokens, stream, include_usage, priority)
 
 
 def _only(body: Mapping[str, Any], key: str, allowed: tuple[Any, ...], why: str) -> None:
@@ -346,6 +426,13 @@ def _chat_tokens(messages: Any) -> int:
         where = f"messages[{index}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, f"{where} must be an object with a string 'role'", param=where)
+        if message["role"] not in _ROLES:
+            raise ApiError(
+                400,
+                f"{where}.role must be one of {', '.join(map(repr, _ROLES))}, got "
+                f"{message['role']!r}",
+                param=f"{where}.role",
+            )
         content = message.get("content")
         if content is None:
             text = ""
