@@ -28,12 +28,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from test_cluster_results import BALANCE_ROWS
 
 from simsim import cli, plots
 from simsim.cli import main
@@ -47,19 +49,23 @@ EXAMPLES = ROOT / "examples" / "sweeps"
 SWEEP_EXAMPLES = sorted(path.stem for path in EXAMPLES.glob("*.toml"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-BASE = """
+BACKEND = """
 [base.backend]
 prefill_base_us = 2000
 prefill_per_token_us = 50
 prefill_per_active_sequence_us = 100
 decode_base_us = 8000
 decode_per_active_sequence_us = 300
-[base.workload]
+"""
+BASE = (
+    BACKEND
+    + """[base.workload]
 count = {count}
 rate_per_s = 4.0
 prompt_tokens = [16, 256]
 output_tokens = [1, 64]
 """
+)
 
 # 2 cases x 2 rates x 2 replications = 8 runs of about 10 ms each.
 SMALL = (
@@ -145,6 +151,15 @@ def simsim_command(*argv: str) -> list[str]:
     return [sys.executable, "-m", "simsim", *argv]
 
 
+def start_sweep(path: Path, out: Path, *, workers: int) -> subprocess.Popen[bytes]:
+    """``simsim sweep`` of *path* into *out* in a child process, its output discarded."""
+    return subprocess.Popen(
+        simsim_command("sweep", str(path), "--out", str(out), "--workers", str(workers)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def run_files(folder: Path) -> list[Path]:
     """The finished runs in a results folder (temporary ``.partial`` files left out)."""
     return sorted((folder / "runs").glob("*.json"))
@@ -170,8 +185,11 @@ def expected_run_names(sweep_file: Path) -> set[str]:
 
 
 def assert_same_tables(folder: Path, reference: Path) -> None:
+    """``runs.csv`` and ``summary.csv`` of *folder* are those of *reference*, byte for byte."""
     for name in ("runs.csv", "summary.csv"):
+        # The frames first, for a readable difference; then every byte (column order too).
         pd.testing.assert_frame_equal(pd.read_csv(folder / name), pd.read_csv(reference / name))
+        assert (folder / name).read_bytes() == (reference / name).read_bytes(), name
 
 
 def bar_segments(text: str, label: str) -> list[tuple[int, int]]:
@@ -249,6 +267,16 @@ def wait_for_runs(process: subprocess.Popen[str], out: Path, count: int) -> None
         time.sleep(0.01)
 
 
+def kill_once_runs_are_in(process: subprocess.Popen[Any], out: Path, count: int) -> None:
+    """SIGKILL the sweep *process* once *count* runs are in *out* (or at once on failure)."""
+    try:
+        wait_for_runs(process, out, count)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+
+
 def finished_runs(out: Path) -> dict[str, tuple[bytes, int]]:
     """Every finished run file: its bytes and its modification time in ns."""
     return {run.name: (run.read_bytes(), run.stat().st_mtime_ns) for run in run_files(out)}
@@ -274,12 +302,7 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
     killed = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
     )
-    try:
-        wait_for_runs(killed, out, 5)
-        killed.send_signal(signal.SIGKILL)
-    finally:
-        killed.kill()
-        killed.wait()
+    kill_once_runs_are_in(killed, out, 5)
     assert killed.returncode == -signal.SIGKILL
 
     first = finished_runs(out)
@@ -352,6 +375,121 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
     assert len(runs) == 30
     replications = runs.groupby(["case", "workload.rate_per_s"])["replication"].apply(sorted)
     assert replications.tolist() == [[0, 1, 2, 3, 4]] * 6
+
+
+# Every kind of scenario, each of whose runs reports its own metrics: a cluster adds
+# load-balance rows after the others (once per pool when disaggregated), an admission
+# control adds rejection counts in the middle. 2 points x 2 replications of 40 requests.
+KIND_HEADER = (
+    "[sweep]\nreplications = 2\nseed = 7\n"
+    "[base.scenario]\nengine = 'batching'\n[base.batching]\nmax_active_requests = 4\n"
+)
+RATES = '[grid]\n"workload.rate_per_s" = [4.0, 16.0]\n'
+CLUSTER = "[base.cluster]\nreplicas = 2\nrouter = 'least_outstanding'\n"
+DISAGGREGATED = """
+[base.cluster.prefill]
+replicas = 1
+[base.cluster.decode]
+replicas = 2
+[base.cluster.transfer]
+kv_bytes_per_token = 65_536
+bandwidth_bytes_per_s = 10_000_000_000
+"""
+CLASSES_WITH_ADMISSION = """
+[base.workload]
+total = 40
+[[base.workload.classes]]
+name = "chat"
+rate_per_s = 4.0
+prompt_tokens = [16, 256]
+output_tokens = [1, 32]
+[[base.workload.classes]]
+name = "batch"
+rate_per_s = 2.0
+prompt_tokens = [256, 512]
+output_tokens = [16, 64]
+[base.admission.limits.batch]
+max_queued = 2
+[grid]
+"workload.classes.batch.rate_per_s" = [1.0, 8.0]
+"""
+SCENARIO_KINDS = {
+    "single_server": KIND_HEADER + BASE.format(count=40) + RATES,
+    "cluster": KIND_HEADER + BASE.format(count=40) + CLUSTER + RATES,
+    "disaggregated": KIND_HEADER + BASE.format(count=40) + DISAGGREGATED + RATES,
+    "classes_with_admission": KIND_HEADER + BACKEND + CLASSES_WITH_ADMISSION,
+}
+
+
+def manifest_of_a_killed_sweep(out: Path, finished: Path) -> None:
+    """Write to *out* the manifest a sweep writes before its first run (that of *finished*,
+    without what only its end adds)."""
+    manifest = json.loads((finished / "sweep.json").read_text(encoding="utf-8"))
+    (out / "runs").mkdir(parents=True)
+    (out / "sweep.json").write_text(
+        json.dumps({key: manifest[key] for key in ("format", "fingerprint")}), encoding="utf-8"
+    )
+
+
+@pytest.mark.parametrize("kind", list(SCENARIO_KINDS))
+def test_every_kind_of_scenario_resumes_to_the_tables_of_an_uninterrupted_sweep(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, SCENARIO_KINDS[kind])
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    code, _, _ = cli_run(capsys, "sweep", str(path), "--out", str(reference), "--workers", "1")
+    assert code == 0
+    runs = run_files(reference)
+    assert len(runs) == 4
+    # A folder that a kill left with the first replication of each point finished.
+    manifest_of_a_killed_sweep(out, reference)
+    for run in runs:
+        if run.name.endswith("-0.json"):
+            shutil.copy2(run, out / "runs" / run.name)
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: 2 finished runs in {out}/ were kept")
+    assert_same_tables(out, reference)
+    # Every run resumed: the tables come from the run files alone.
+    (out / "runs.csv").unlink()
+    (out / "summary.csv").unlink()
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: 4 finished runs in {out}/ were kept")
+    assert_same_tables(out, reference)
+    for run in runs:
+        assert (out / "runs" / run.name).read_bytes() == run.read_bytes()
+
+
+# 2 rates x 3 replications = 6 runs of 400 requests on a 2-replica cluster, about 0.1 s each.
+KILLED_CLUSTER = (
+    KIND_HEADER.replace("replications = 2", "replications = 3")
+    + BASE.format(count=400)
+    + CLUSTER
+    + RATES
+)
+
+
+def test_a_killed_cluster_sweep_resumes_with_every_metric_of_its_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, KILLED_CLUSTER)
+    out = tmp_path / "out"
+    killed = start_sweep(path, out, workers=1)
+    kill_once_runs_are_in(killed, out, 1)
+    kept = len(run_files(out))
+    assert 1 <= kept < 6, "the kill should land midway"
+    assert not (out / "runs.csv").exists()
+
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: {kept} finished runs in {out}/ were kept")
+    reference = tmp_path / "reference"
+    code, _, _ = cli_run(capsys, "sweep", str(path), "--out", str(reference), "--workers", "1")
+    assert code == 0
+    assert_same_tables(out, reference)
+    header = (out / "runs.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
+    assert header[-len(BALANCE_ROWS) :] == BALANCE_ROWS
 
 
 # 2 rates x 6 replications = 12 runs of about 0.05 s each, for the signal tests.
