@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +151,15 @@ def simsim_command(*argv: str) -> list[str]:
     return [sys.executable, "-m", "simsim", *argv]
 
 
-def start_sweep(path: Path, out: Path, *, workers: int) -> subprocess.Popen[bytes]:
+def start_sweep(
+    path: Path, out: Path, *, workers: int, start_new_session: bool = False
+) -> subprocess.Popen[bytes]:
     """``simsim sweep`` of *path* into *out* in a child process, its output discarded."""
     return subprocess.Popen(
         simsim_command("sweep", str(path), "--out", str(out), "--workers", str(workers)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=start_new_session,
     )
 
 
@@ -537,6 +540,37 @@ def survivors(processes: dict[int, int]) -> list[int]:
     return running
 
 
+@contextlib.contextmanager
+def stopping_the_group(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever happens, end every process left in *process*'s group (its own session)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing left in the group: good
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def assert_every_worker_ends(
+    process: subprocess.Popen[bytes],
+    out: Path,
+    stop: Callable[[], None],
+    *,
+    runs: int,
+    within_s: float,
+) -> None:
+    """Once *runs* runs of the sweep *process* are in *out*, *stop* it: each process it
+    started (its two workers) must have ended *within_s* seconds later."""
+    wait_for_runs(process, out, runs)
+    workers = descendants(process.pid)
+    assert len(workers) >= 2, "the two workers should be running"
+    stop()
+    deadline = time.monotonic() + within_s
+    while survivors(workers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert survivors(workers) == [], "a worker of the stopped sweep is still running"
+
+
 def _default_stop_signals() -> None:
     # The suite may run under nohup (SIGHUP ignored): give the sweep a session's defaults.
     for number in (signal.SIGTERM, signal.SIGHUP):
@@ -571,20 +605,13 @@ def test_a_signal_to_the_main_process_stops_every_process_and_the_sweep_resumes(
             start_new_session=True,  # its own group, so that clean-up below reaches all of it
             preexec_fn=_default_stop_signals,
         )
-    try:
-        wait_for_runs(stopped, out, 2)
-        processes = descendants(stopped.pid)
-        assert len(processes) >= 2, "the two workers should be running"
-        stopped.send_signal(number)
-        stopped.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while survivors(processes) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert survivors(processes) == [], "a worker of the stopped sweep is still running"
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # nothing left in the group: good
-            os.killpg(stopped.pid, signal.SIGKILL)
-        stopped.wait()
+    with stopping_the_group(stopped):
+
+        def stop() -> None:
+            stopped.send_signal(number)
+            stopped.wait(timeout=30)
+
+        assert_every_worker_ends(stopped, out, stop, runs=2, within_s=10)
     stderr = stderr_path.read_text(encoding="utf-8")
     assert stopped.returncode == 128 + number, stderr
     assert stdout_path.read_text(encoding="utf-8") == ""
@@ -605,6 +632,23 @@ def test_a_signal_to_the_main_process_stops_every_process_and_the_sweep_resumes(
     assert stdout.startswith(f"resumed: {len(finished)} finished runs in {out}/ were kept")
     assert len(run_files(out)) == 12
     assert_same_tables(out, signalled_reference)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes in /proc")
+def test_the_workers_exit_when_the_main_process_alone_is_killed(tmp_path: Path) -> None:
+    # SIGKILL gives the sweep no chance to stop its workers: they must see it is gone.
+    path = write(tmp_path, SIGNALLED)
+    out = tmp_path / "out"
+    # In its own group, so that clean-up below reaches all of it.
+    killed = start_sweep(path, out, workers=2, start_new_session=True)
+    with stopping_the_group(killed):
+
+        def stop() -> None:
+            killed.kill()
+            killed.wait()
+
+        # A liveness check, not a speed one: the deadline is generous.
+        assert_every_worker_ends(killed, out, stop, runs=1, within_s=20)
 
 
 def test_stray_partial_files_are_ignored_and_half_written_runs_run_again(

@@ -24,6 +24,7 @@ import pandas as pd
 from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
+from simsim.sweeps.pool import WorkerPool
 from simsim.sweeps.signals import StopOnSignals
 from simsim.workloads import check_seed
 
@@ -336,8 +337,9 @@ class Runner:
 
     With ``workers == 1`` and no executor, runs happen in this process, one after the
     other. With an *executor*, the caller owns it (the runner never shuts it down);
-    otherwise the runner starts a process pool of *workers* processes (default: the
-    number of CPUs) on first use and shuts it down in :meth:`close`.
+    otherwise the runner starts a :class:`~simsim.sweeps.pool.WorkerPool` of *workers*
+    processes (default: the number of CPUs) on first use, whose workers exit if this
+    process dies, and shuts it down in :meth:`close`.
     """
 
     def __init__(self, source: ScenarioSource, options: RunOptions) -> None:
@@ -359,7 +361,7 @@ class Runner:
         self.ttft_slo_us = ttft_slo_us
         self.tpot_slo_us = tpot_slo_us
         self._executor = executor
-        self._owned: concurrent.futures.ProcessPoolExecutor | None = None
+        self._owned: WorkerPool | None = None
         self._signals = StopOnSignals()
         self._workers = workers if workers is not None else (os.cpu_count() or 1)
         self._progress = progress
@@ -473,7 +475,8 @@ class Runner:
         if self._executor is not None:
             return self._executor
         if self._owned is None:
-            self._owned = concurrent.futures.ProcessPoolExecutor(max_workers=self._workers)
+            # Its workers exit if this process is killed and cannot stop them.
+            self._owned = WorkerPool(self._workers)
         return self._owned
 
     def close(self, *, stop_workers: bool = False) -> None:
