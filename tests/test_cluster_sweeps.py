@@ -142,3 +142,25 @@ def test_sweep_runs_keep_the_replica_count_as_an_integer_axis() -> None:
     result = simsim.sweep(small(), {"cluster.replicas": [2]}, replications=2, workers=1)
     assert pd.api.types.is_integer_dtype(result.runs["cluster.replicas"])
     assert pd.api.types.is_integer_dtype(result.summary["cluster.replicas"])
+
+
+def test_a_resumed_capacity_search_over_a_cluster_keeps_every_metric(tmp_path: Path) -> None:
+    # The search's runs come back from its folder: the load-balance rows with them.
+    options: dict[str, Any] = {
+        "low": 1,
+        "high": 4,
+        "find": "min",
+        "targets": {"ttft_us_p99": TTFT_P99_TARGET_US},
+        "settings": {"workload.rate_per_s": 60.0, "workload.count": 60},
+        "replications": 2,
+        "max_replications": 2,
+        "seed": 2,
+        "workers": 1,
+        "out": tmp_path,
+    }
+    doc = small(cluster={"replicas": 1})
+    first = simsim.capacity_search(doc, "cluster.replicas", **options)
+    assert "replica_load_imbalance" in first.runs.columns
+    resumed = simsim.capacity_search(doc, "cluster.replicas", **options)
+    pd.testing.assert_frame_equal(resumed.runs, first.runs)
+    pd.testing.assert_frame_equal(resumed.evaluations, first.evaluations)

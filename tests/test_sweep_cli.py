@@ -26,14 +26,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from test_cluster_results import BALANCE_ROWS
 
 from simsim import cli, plots
 from simsim.cli import main
@@ -47,19 +49,23 @@ EXAMPLES = ROOT / "examples" / "sweeps"
 SWEEP_EXAMPLES = sorted(path.stem for path in EXAMPLES.glob("*.toml"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-BASE = """
+BACKEND = """
 [base.backend]
 prefill_base_us = 2000
 prefill_per_token_us = 50
 prefill_per_active_sequence_us = 100
 decode_base_us = 8000
 decode_per_active_sequence_us = 300
-[base.workload]
+"""
+BASE = (
+    BACKEND
+    + """[base.workload]
 count = {count}
 rate_per_s = 4.0
 prompt_tokens = [16, 256]
 output_tokens = [1, 64]
 """
+)
 
 # 2 cases x 2 rates x 2 replications = 8 runs of about 10 ms each.
 SMALL = (
@@ -145,6 +151,18 @@ def simsim_command(*argv: str) -> list[str]:
     return [sys.executable, "-m", "simsim", *argv]
 
 
+def start_sweep(
+    path: Path, out: Path, *, workers: int, start_new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """``simsim sweep`` of *path* into *out* in a child process, its output discarded."""
+    return subprocess.Popen(
+        simsim_command("sweep", str(path), "--out", str(out), "--workers", str(workers)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=start_new_session,
+    )
+
+
 def run_files(folder: Path) -> list[Path]:
     """The finished runs in a results folder (temporary ``.partial`` files left out)."""
     return sorted((folder / "runs").glob("*.json"))
@@ -170,8 +188,11 @@ def expected_run_names(sweep_file: Path) -> set[str]:
 
 
 def assert_same_tables(folder: Path, reference: Path) -> None:
+    """``runs.csv`` and ``summary.csv`` of *folder* are those of *reference*, byte for byte."""
     for name in ("runs.csv", "summary.csv"):
+        # The frames first, for a readable difference; then every byte (column order too).
         pd.testing.assert_frame_equal(pd.read_csv(folder / name), pd.read_csv(reference / name))
+        assert (folder / name).read_bytes() == (reference / name).read_bytes(), name
 
 
 def bar_segments(text: str, label: str) -> list[tuple[int, int]]:
@@ -249,6 +270,16 @@ def wait_for_runs(process: subprocess.Popen[str], out: Path, count: int) -> None
         time.sleep(0.01)
 
 
+def kill_once_runs_are_in(process: subprocess.Popen[Any], out: Path, count: int) -> None:
+    """SIGKILL the sweep *process* once *count* runs are in *out* (or at once on failure)."""
+    try:
+        wait_for_runs(process, out, count)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+
+
 def finished_runs(out: Path) -> dict[str, tuple[bytes, int]]:
     """Every finished run file: its bytes and its modification time in ns."""
     return {run.name: (run.read_bytes(), run.stat().st_mtime_ns) for run in run_files(out)}
@@ -274,12 +305,7 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
     killed = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
     )
-    try:
-        wait_for_runs(killed, out, 5)
-        killed.send_signal(signal.SIGKILL)
-    finally:
-        killed.kill()
-        killed.wait()
+    kill_once_runs_are_in(killed, out, 5)
     assert killed.returncode == -signal.SIGKILL
 
     first = finished_runs(out)
@@ -354,6 +380,121 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_finished_run(
     assert replications.tolist() == [[0, 1, 2, 3, 4]] * 6
 
 
+# Every kind of scenario, each of whose runs reports its own metrics: a cluster adds
+# load-balance rows after the others (once per pool when disaggregated), an admission
+# control adds rejection counts in the middle. 2 points x 2 replications of 40 requests.
+KIND_HEADER = (
+    "[sweep]\nreplications = 2\nseed = 7\n"
+    "[base.scenario]\nengine = 'batching'\n[base.batching]\nmax_active_requests = 4\n"
+)
+RATES = '[grid]\n"workload.rate_per_s" = [4.0, 16.0]\n'
+CLUSTER = "[base.cluster]\nreplicas = 2\nrouter = 'least_outstanding'\n"
+DISAGGREGATED = """
+[base.cluster.prefill]
+replicas = 1
+[base.cluster.decode]
+replicas = 2
+[base.cluster.transfer]
+kv_bytes_per_token = 65_536
+bandwidth_bytes_per_s = 10_000_000_000
+"""
+CLASSES_WITH_ADMISSION = """
+[base.workload]
+total = 40
+[[base.workload.classes]]
+name = "chat"
+rate_per_s = 4.0
+prompt_tokens = [16, 256]
+output_tokens = [1, 32]
+[[base.workload.classes]]
+name = "batch"
+rate_per_s = 2.0
+prompt_tokens = [256, 512]
+output_tokens = [16, 64]
+[base.admission.limits.batch]
+max_queued = 2
+[grid]
+"workload.classes.batch.rate_per_s" = [1.0, 8.0]
+"""
+SCENARIO_KINDS = {
+    "single_server": KIND_HEADER + BASE.format(count=40) + RATES,
+    "cluster": KIND_HEADER + BASE.format(count=40) + CLUSTER + RATES,
+    "disaggregated": KIND_HEADER + BASE.format(count=40) + DISAGGREGATED + RATES,
+    "classes_with_admission": KIND_HEADER + BACKEND + CLASSES_WITH_ADMISSION,
+}
+
+
+def manifest_of_a_killed_sweep(out: Path, finished: Path) -> None:
+    """Write to *out* the manifest a sweep writes before its first run (that of *finished*,
+    without what only its end adds)."""
+    manifest = json.loads((finished / "sweep.json").read_text(encoding="utf-8"))
+    (out / "runs").mkdir(parents=True)
+    (out / "sweep.json").write_text(
+        json.dumps({key: manifest[key] for key in ("format", "fingerprint")}), encoding="utf-8"
+    )
+
+
+@pytest.mark.parametrize("kind", list(SCENARIO_KINDS))
+def test_every_kind_of_scenario_resumes_to_the_tables_of_an_uninterrupted_sweep(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, SCENARIO_KINDS[kind])
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    code, _, _ = cli_run(capsys, "sweep", str(path), "--out", str(reference), "--workers", "1")
+    assert code == 0
+    runs = run_files(reference)
+    assert len(runs) == 4
+    # A folder that a kill left with the first replication of each point finished.
+    manifest_of_a_killed_sweep(out, reference)
+    for run in runs:
+        if run.name.endswith("-0.json"):
+            shutil.copy2(run, out / "runs" / run.name)
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: 2 finished runs in {out}/ were kept")
+    assert_same_tables(out, reference)
+    # Every run resumed: the tables come from the run files alone.
+    (out / "runs.csv").unlink()
+    (out / "summary.csv").unlink()
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: 4 finished runs in {out}/ were kept")
+    assert_same_tables(out, reference)
+    for run in runs:
+        assert (out / "runs" / run.name).read_bytes() == run.read_bytes()
+
+
+# 2 rates x 3 replications = 6 runs of 400 requests on a 2-replica cluster, about 0.1 s each.
+KILLED_CLUSTER = (
+    KIND_HEADER.replace("replications = 2", "replications = 3")
+    + BASE.format(count=400)
+    + CLUSTER
+    + RATES
+)
+
+
+def test_a_killed_cluster_sweep_resumes_with_every_metric_of_its_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, KILLED_CLUSTER)
+    out = tmp_path / "out"
+    killed = start_sweep(path, out, workers=1)
+    kill_once_runs_are_in(killed, out, 1)
+    kept = len(run_files(out))
+    assert 1 <= kept < 6, "the kill should land midway"
+    assert not (out / "runs.csv").exists()
+
+    code, stdout, _ = cli_run(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0
+    assert stdout.startswith(f"resumed: {kept} finished runs in {out}/ were kept")
+    reference = tmp_path / "reference"
+    code, _, _ = cli_run(capsys, "sweep", str(path), "--out", str(reference), "--workers", "1")
+    assert code == 0
+    assert_same_tables(out, reference)
+    header = (out / "runs.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
+    assert header[-len(BALANCE_ROWS) :] == BALANCE_ROWS
+
+
 # 2 rates x 6 replications = 12 runs of about 0.05 s each, for the signal tests.
 SIGNALLED = (
     "[sweep]\nreplications = 6\nseed = 3\n"
@@ -399,6 +540,37 @@ def survivors(processes: dict[int, int]) -> list[int]:
     return running
 
 
+@contextlib.contextmanager
+def stopping_the_group(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever happens, end every process left in *process*'s group (its own session)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing left in the group: good
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def assert_every_worker_ends(
+    process: subprocess.Popen[bytes],
+    out: Path,
+    stop: Callable[[], None],
+    *,
+    runs: int,
+    within_s: float,
+) -> None:
+    """Once *runs* runs of the sweep *process* are in *out*, *stop* it: each process it
+    started (its two workers) must have ended *within_s* seconds later."""
+    wait_for_runs(process, out, runs)
+    workers = descendants(process.pid)
+    assert len(workers) >= 2, "the two workers should be running"
+    stop()
+    deadline = time.monotonic() + within_s
+    while survivors(workers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert survivors(workers) == [], "a worker of the stopped sweep is still running"
+
+
 def _default_stop_signals() -> None:
     # The suite may run under nohup (SIGHUP ignored): give the sweep a session's defaults.
     for number in (signal.SIGTERM, signal.SIGHUP):
@@ -433,20 +605,13 @@ def test_a_signal_to_the_main_process_stops_every_process_and_the_sweep_resumes(
             start_new_session=True,  # its own group, so that clean-up below reaches all of it
             preexec_fn=_default_stop_signals,
         )
-    try:
-        wait_for_runs(stopped, out, 2)
-        processes = descendants(stopped.pid)
-        assert len(processes) >= 2, "the two workers should be running"
-        stopped.send_signal(number)
-        stopped.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while survivors(processes) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert survivors(processes) == [], "a worker of the stopped sweep is still running"
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # nothing left in the group: good
-            os.killpg(stopped.pid, signal.SIGKILL)
-        stopped.wait()
+    with stopping_the_group(stopped):
+
+        def stop() -> None:
+            stopped.send_signal(number)
+            stopped.wait(timeout=30)
+
+        assert_every_worker_ends(stopped, out, stop, runs=2, within_s=10)
     stderr = stderr_path.read_text(encoding="utf-8")
     assert stopped.returncode == 128 + number, stderr
     assert stdout_path.read_text(encoding="utf-8") == ""
@@ -467,6 +632,23 @@ def test_a_signal_to_the_main_process_stops_every_process_and_the_sweep_resumes(
     assert stdout.startswith(f"resumed: {len(finished)} finished runs in {out}/ were kept")
     assert len(run_files(out)) == 12
     assert_same_tables(out, signalled_reference)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes in /proc")
+def test_the_workers_exit_when_the_main_process_alone_is_killed(tmp_path: Path) -> None:
+    # SIGKILL gives the sweep no chance to stop its workers: they must see it is gone.
+    path = write(tmp_path, SIGNALLED)
+    out = tmp_path / "out"
+    # In its own group, so that clean-up below reaches all of it.
+    killed = start_sweep(path, out, workers=2, start_new_session=True)
+    with stopping_the_group(killed):
+
+        def stop() -> None:
+            killed.kill()
+            killed.wait()
+
+        # A liveness check, not a speed one: the deadline is generous.
+        assert_every_worker_ends(killed, out, stop, runs=1, within_s=20)
 
 
 def test_stray_partial_files_are_ignored_and_half_written_runs_run_again(

@@ -1051,6 +1051,98 @@ def test_a_run_file_that_disagrees_with_its_name_is_refused_not_loaded(
     assert {run.name: run.read_bytes() for run in runs} == before
 
 
+def _without_metric_order(path: Path) -> None:
+    """Rewrite a run file as simsim wrote them before they kept the metrics' order."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    del record["metric_order"]
+    path.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def resumed_from_files_without_order(
+    document: Mapping[str, Any], folder: Path
+) -> tuple[simsim.SweepResult, simsim.SweepResult]:
+    """A sweep of *document* to the end in *folder*, and the same sweep again once its run
+    files are as simsim wrote them before they kept the metrics' order."""
+    grid = {"workload.rate_per_s": [2.0, 8.0]}
+    options: dict[str, Any] = {"replications": 2, "seed": 3, "workers": 1, "out": folder}
+    fresh = simsim.sweep(document, grid, **options)
+    for run in (folder / "runs").glob("*.json"):
+        _without_metric_order(run)
+    resumed = simsim.sweep(document, grid, **options)
+    assert resumed.reused == 4
+    return fresh, resumed
+
+
+def test_run_files_without_a_metric_order_are_loaded_with_every_metric(tmp_path: Path) -> None:
+    # A single server reports summarize's usual metrics: the tables are as before.
+    single = with_settings(BASE, {"workload.count": 40})
+    fresh, resumed = resumed_from_files_without_order(single, tmp_path / "single")
+    assert_same_result(resumed, fresh)
+    # A cluster's load-balance rows are kept too, after the usual ones, by name.
+    cluster = with_settings(single, {"cluster.replicas": 2})
+    fresh, resumed = resumed_from_files_without_order(cluster, tmp_path / "cluster")
+    balance = [c for c in fresh.runs.columns if c.startswith(("replicas", "replica_"))]
+    assert len(balance) == 8
+    columns = ["point", "workload.rate_per_s", "replication", "seed"]
+    assert list(resumed.runs.columns) == [*columns, *metric_names(), *sorted(balance)]
+    pdt.assert_frame_equal(resumed.runs, fresh.runs[list(resumed.runs.columns)])
+
+
+def _drop_metric(path: Path, name: str) -> None:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    del record["metrics"][name]
+    record["metric_order"].remove(name)
+    path.write_text(json.dumps(record), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("tamper", "error"),
+    [
+        (lambda run: run.write_text('{"key": "', encoding="utf-8"), "JSONDecodeError"),
+        (lambda run: _drop_metric(run, "ttft_us_p99"), "KeyError: 'ttft_us_p99'"),
+        (lambda run: _rewrite(run, metrics=[1.0, 2.0]), "TypeError: metrics must be a table"),
+        (lambda run: _rewrite(run, metric_order="requests"), "ValueError: metric_order must"),
+        (
+            lambda run: _rewrite(run, metric_order=json.loads(run.read_text())["metric_order"][1:]),
+            f"ValueError: metric_order must name each of the file's {len(metric_names())} metrics",
+        ),
+        (
+            lambda run: _rewrite(
+                run, metric_order=["requests", *json.loads(run.read_text())["metric_order"]]
+            ),
+            "ValueError: metric_order must",
+        ),
+    ],
+    ids=[
+        "not_json",
+        "metric_missing",
+        "metrics_not_a_table",
+        "order_not_a_list",
+        "order_lacks_one",
+        "order_repeats_one",
+    ],
+)
+def test_a_damaged_run_file_is_refused_naming_it(
+    tmp_path: Path,
+    tamper: Callable[[Path], None],
+    error: str,
+    calls: list[tuple[dict[str, Any], int]],
+) -> None:
+    grid = {"load": [1.0]}
+    simsim.sweep(counting_model, grid, replications=1, workers=1, out=tmp_path)
+    (run,) = sorted((tmp_path / "runs").glob("*.json"))
+    tamper(run)
+    damaged = run.read_bytes()
+    calls.clear()
+    with pytest.raises(SweepFolderError) as refused:
+        simsim.sweep(counting_model, grid, replications=1, workers=1, out=tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{run}: not a finished run of this sweep ({error}")
+    assert message.endswith("); delete the file to run it again")
+    assert calls == []
+    assert run.read_bytes() == damaged
+
+
 def test_sigterm_stops_a_sweep_in_python_with_sweep_stopped_and_keeps_its_runs(
     tmp_path: Path,
 ) -> None:

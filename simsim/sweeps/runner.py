@@ -24,6 +24,7 @@ import pandas as pd
 from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
+from simsim.sweeps.pool import WorkerPool
 from simsim.sweeps.signals import StopOnSignals
 from simsim.workloads import check_seed
 
@@ -181,7 +182,12 @@ class RunRecord:
     metrics: Mapping[str, float]
 
     def to_json(self) -> dict[str, Any]:
-        """The record as written to ``runs/<key>-<replication>.json``."""
+        """The record as written to ``runs/<key>-<replication>.json``.
+
+        Run files are written with sorted keys, so ``metric_order`` keeps the order in
+        which the run reported its metrics: the tables of a resumed sweep list them as
+        an uninterrupted sweep does.
+        """
         return {
             "key": self.point.key,
             "case": self.point.case,
@@ -189,6 +195,7 @@ class RunRecord:
             "replication": self.replication,
             "seed": self.seed,
             "metrics": dict(self.metrics),
+            "metric_order": list(self.metrics),
         }
 
 
@@ -230,14 +237,17 @@ class _Store:
         return self.runs / f"{point.key}-{replication}.json"
 
     def load(
-        self, point: SweepPoint, replication: int, seed: int, metrics: Sequence[str]
+        self, point: SweepPoint, replication: int, seed: int, required: Sequence[str]
     ) -> Mapping[str, float] | None:
-        """A finished run's metrics, in the order of *metrics*; ``None`` if not run yet.
+        """A finished run's metrics, all of them, in the order the run reported them;
+        ``None`` if the run has not finished yet.
 
         The file must say it is this run: its stored key and replication must be those
         of its name, and its seed the one this sweep derives for the run. A file that
         disagrees (copied or renamed from another run or another folder) is refused,
-        not loaded under the wrong name.
+        not loaded under the wrong name. So is a file that lacks a metric of *required*
+        (the metrics every run reports) or whose ``metric_order`` does not list exactly
+        its metrics.
         """
         path = self.path(point, replication)
         if not path.exists():
@@ -254,7 +264,7 @@ class _Store:
                 if not _same_json_value(stored.get(field), expected)
             ]
             values = stored["metrics"]
-            loaded = {name: float(values[name]) for name in metrics}
+            loaded = {name: float(values[name]) for name in _metric_order(stored, required)}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise SweepFolderError(
                 f"{path}: not a finished run of this sweep ({type(error).__name__}: {error}); "
@@ -270,6 +280,29 @@ class _Store:
 
     def save(self, record: RunRecord) -> None:
         write_json(self.path(record.point, record.replication), record.to_json())
+
+
+def _metric_order(stored: Mapping[str, Any], required: Sequence[str]) -> list[str]:
+    """The names of a run file's metrics, in the order its run reported them.
+
+    Every name of *required* must be among them (``KeyError`` otherwise). A file written
+    before run files kept ``metric_order`` stores its metrics sorted by name: those of
+    *required* then come first, in their order, and the others after them, by name.
+    """
+    metrics = stored["metrics"]
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a table of values, got {type(metrics).__name__}")
+    missing = [name for name in required if name not in metrics]
+    if missing:
+        raise KeyError(missing[0])
+    if "metric_order" not in stored:
+        return [*required, *(name for name in metrics if name not in required)]
+    order = stored["metric_order"]
+    if not isinstance(order, list) or len(set(order)) != len(order) or set(order) != set(metrics):
+        raise ValueError(
+            f"metric_order must name each of the file's {len(metrics)} metrics once, got {order!r}"
+        )
+    return order
 
 
 def _same_json_value(stored: object, expected: str | int) -> bool:
@@ -304,8 +337,9 @@ class Runner:
 
     With ``workers == 1`` and no executor, runs happen in this process, one after the
     other. With an *executor*, the caller owns it (the runner never shuts it down);
-    otherwise the runner starts a process pool of *workers* processes (default: the
-    number of CPUs) on first use and shuts it down in :meth:`close`.
+    otherwise the runner starts a :class:`~simsim.sweeps.pool.WorkerPool` of *workers*
+    processes (default: the number of CPUs) on first use, whose workers exit if this
+    process dies, and shuts it down in :meth:`close`.
     """
 
     def __init__(self, source: ScenarioSource, options: RunOptions) -> None:
@@ -327,7 +361,7 @@ class Runner:
         self.ttft_slo_us = ttft_slo_us
         self.tpot_slo_us = tpot_slo_us
         self._executor = executor
-        self._owned: concurrent.futures.ProcessPoolExecutor | None = None
+        self._owned: WorkerPool | None = None
         self._signals = StopOnSignals()
         self._workers = workers if workers is not None else (os.cpu_count() or 1)
         self._progress = progress
@@ -441,7 +475,8 @@ class Runner:
         if self._executor is not None:
             return self._executor
         if self._owned is None:
-            self._owned = concurrent.futures.ProcessPoolExecutor(max_workers=self._workers)
+            # Its workers exit if this process is killed and cannot stop them.
+            self._owned = WorkerPool(self._workers)
         return self._owned
 
     def close(self, *, stop_workers: bool = False) -> None:
