@@ -393,7 +393,8 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
     """The tables a results folder holds for *engine*'s run, the summary included.
 
     A cluster's tables are its merged frames (a ``replica`` column in each, the replica
-    columns in ``requests``); its slots are every replica's.
+    columns in ``requests``); its slots are every replica's, counted per pool for a
+    disaggregated cluster (its occupancy rows are per pool too).
     """
     replicas = _replicas(engine)
     frames = {
@@ -405,9 +406,12 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
         isinstance(engine, Cluster) and any(isinstance(r, BatchingEngine) for r in replicas)
     ):
         frames["iterations"] = engine.iterations_frame()
-    slots = sum(replica.max_active_requests for replica in replicas)
+    slots: int | tuple[int, int] = sum(replica.max_active_requests for replica in replicas)
     counts: int | tuple[int, int] | None = None  # so that a replica given nothing counts
     if isinstance(engine, DisaggregatedCluster):
+        pools = (engine.prefill_replicas, engine.decode_replicas)
+        prefill_slots, decode_slots = (sum(r.max_active_requests for r in pool) for pool in pools)
+        slots = (prefill_slots, decode_slots)
         counts = (len(engine.prefill_replicas), len(engine.decode_replicas))
     elif isinstance(engine, Cluster):
         counts = len(replicas)
@@ -449,6 +453,14 @@ _LATENCY_ROWS = (
         "finished requests with 2+ tokens",
         "no finished request produced 2+ tokens",
     ),
+)
+
+
+_DECODE_QUEUE_ROW = (
+    "decode_queue_delay_us",
+    "decode queue",
+    "requests admitted on a decode replica",
+    "no request was admitted on a decode replica",
 )
 
 
@@ -597,19 +609,15 @@ def _summary_table(
             f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
             f"{values['throughput_tokens_per_s']:.1f} tokens/s"
         )
-    if "utilization" in values.index:
-        if pd.isna(values["utilization"]):
-            lines.append("occupancy     n/a (no makespan)")
-        else:
-            lines.append(
-                f"occupancy     {values['utilization']:.1%} of slot time busy, "
-                f"{values['mean_active_requests']:.2f} requests in slots and "
-                f"{values['mean_queue_length']:.2f} queued on average"
-            )
+    lines.extend(_occupancy_lines(values))
     lines.extend(server)
     stats = ("mean", "p50", "p90", "p99")
     lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
-    for column, label, covers, why_missing in _LATENCY_ROWS:
+    latency_rows: tuple[tuple[str, str, str, str], ...] = _LATENCY_ROWS
+    if "decode_queue_delay_us" in requests.columns:  # disaggregated: a queue per pool
+        queue, *others = _LATENCY_ROWS
+        latency_rows = (("queue_delay_us", "prefill queue", *queue[2:]), _DECODE_QUEUE_ROW, *others)
+    for column, label, covers, why_missing in latency_rows:
         present = int(requests[column].notna().sum())
         if present == 0:
             lines.append(f"{label:<14}n/a ({why_missing})")
@@ -617,6 +625,26 @@ def _summary_table(
         cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
         lines.append(f"{label:<14}{cells}   {present} {covers}")
     return "\n".join(lines)
+
+
+def _occupancy_lines(values: pd.Series) -> list[str]:
+    """The occupancy rows of the summary (if it has them) for a terminal: the whole
+    server's or cluster's, or, for a disaggregated cluster, one line per pool."""
+    pools = [p for p in ("prefill_", "decode_") if f"{p}utilization" in values.index] or [""]
+    if f"{pools[0]}utilization" not in values.index:
+        return []
+    lines = []
+    for pool in pools:
+        label = f"occupancy     {pool.replace('_', ' ')}"
+        if pd.isna(values[f"{pool}utilization"]):
+            lines.append(f"{label}n/a (no makespan)")
+        else:
+            lines.append(
+                f"{label}{values[f'{pool}utilization']:.1%} of slot time busy, "
+                f"{values[f'{pool}mean_active_requests']:.2f} requests in slots and "
+                f"{values[f'{pool}mean_queue_length']:.2f} queued on average"
+            )
+    return lines
 
 
 def _class_lines(
