@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from simsim import __version__
+from simsim.admission import QUEUE_FULL, RATE_LIMITED
 from simsim.backend import FittedBackendConfig
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
@@ -62,6 +63,7 @@ from simsim.sweeps.signals import SweepStopped
 from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import RUNS_FILE, SUMMARY_FILE, SweepResult, is_sweep_folder
 from simsim.sweeps.sweep_file import CAPACITY_FILE, run_sweep
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     from simsim.fidelity.replay import ReplayOptions
@@ -377,7 +379,7 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(classes))
     events = sum(replica.processed_event_count for replica in replicas)
     print(
-        f"{events} events simulated in {wall_s:.2f} s of wall time; "
+        f"{counted(events, 'event')} simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
     )
     print("All times are simulated from the cost model, not measured on hardware.")
@@ -442,24 +444,40 @@ def _write_tables(
 
 
 # Each latency row of the run table: its column, its label, whom it covers (the rows
-# where the value exists) and why it can be missing.
-_LATENCY_ROWS = (
-    ("queue_delay_us", "queue delay", "admitted requests", "no request was admitted"),
-    ("ttft_us", "TTFT", "requests that produced a token", "no request produced a token"),
-    ("e2e_latency_us", "e2e latency", "finished requests", "no request finished"),
+# where the value exists: one such request, several) and why it can be missing.
+_LatencyRow = tuple[str, str, tuple[str, str], str]
+_LATENCY_ROWS: tuple[_LatencyRow, ...] = (
+    (
+        "queue_delay_us",
+        "queue delay",
+        ("admitted request", "admitted requests"),
+        "no request was admitted",
+    ),
+    (
+        "ttft_us",
+        "TTFT",
+        ("request that produced a token", "requests that produced a token"),
+        "no request produced a token",
+    ),
+    (
+        "e2e_latency_us",
+        "e2e latency",
+        ("finished request", "finished requests"),
+        "no request finished",
+    ),
     (
         "tpot_us",
         "TPOT",
-        "finished requests with 2+ tokens",
+        ("finished request with 2+ tokens", "finished requests with 2+ tokens"),
         "no finished request produced 2+ tokens",
     ),
 )
 
 
-_DECODE_QUEUE_ROW = (
+_DECODE_QUEUE_ROW: _LatencyRow = (
     "decode_queue_delay_us",
     "decode queue",
-    "requests admitted on a decode replica",
+    ("request admitted on a decode replica", "requests admitted on a decode replica"),
     "no request was admitted on a decode replica",
 )
 
@@ -480,11 +498,12 @@ def _batching_lines(
     preemptions = int((events["event_type"] == "REQUEST_PREEMPTED").sum())
     ran = iterations[~iterations["abandoned"]]
     weights = (ran["end_us"] - ran["start_us"]).astype("float64")
-    head = f"batching      {len(iterations)} iterations"
+    head = f"batching      {counted(len(iterations), 'iteration')}"
+    preempted = counted(preemptions, "preemption")
     if ran.empty or weights.sum() <= 0:
-        return [f"{head}, {preemptions} preemptions"]
+        return [f"{head}, {preempted}"]
     batch = float((ran["batch_size"] * weights).sum() / weights.sum())
-    lines = [f"{head}, {batch:.2f} requests per batch on average, {preemptions} preemptions"]
+    lines = [f"{head}, {batch:.2f} requests per batch on average, {preempted}"]
     servers = [(i, r) for i, r in enumerate(replicas) if isinstance(r, BatchingEngine)]
     blocks = {i: r.kv_cache.total_blocks for i, r in servers if r.kv_cache is not None}
     if len(replicas) == 1 and blocks:
@@ -492,7 +511,7 @@ def _batching_lines(
         used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
         peak = int(ran["kv_blocks_in_use"].max())
         lines.append(
-            f"KV cache      {used / total:.1%} of {total} blocks "
+            f"KV cache      {used / total:.1%} of {counted(total, 'block')} "
             f"in use on average, {peak / total:.1%} at the peak"
         )
     elif blocks:
@@ -500,7 +519,8 @@ def _batching_lines(
         used = float((held * weights).sum() / weights.sum())
         lines.append(
             f"KV cache      {used:.1%} of a replica's blocks in use on average, "
-            f"{float(held.max()):.1%} at the peak ({sum(blocks.values())} blocks in all)"
+            f"{float(held.max()):.1%} at the peak ({counted(sum(blocks.values()), 'block')} "
+            "in all)"
         )
     if any(r.prefix_cache for _, r in servers):
         prompts = int(requests["prompt_token_count"].sum())
@@ -509,7 +529,7 @@ def _batching_lines(
         share = f"{cached / prompts:.1%}" if prompts else "n/a (no prompt tokens)"
         lines.append(
             f"prefix cache  {share} of prompt tokens served from the cache; "
-            f"{hit} of {len(requests)} requests hit it"
+            f"{hit} of {counted(len(requests), 'request')} hit it"
         )
     return lines
 
@@ -564,7 +584,8 @@ def _cluster_lines(
         moved = requests["transfer_us"].dropna()
         if len(moved):
             lines.append(
-                f"KV transfer   {len(moved)} transfers, mean {_duration(float(moved.mean()))}, "
+                f"KV transfer   {counted(len(moved), 'transfer')}, "
+                f"mean {_duration(float(moved.mean()))}, "
                 f"max {_duration(float(moved.max()))}"
             )
     return lines
@@ -579,7 +600,7 @@ def _replica_spread(rows: Sequence[tuple[str, int, str, int]]) -> list[str]:
         done = [row[3] for row in pool]
         lines.append(
             f"{'per replica':<14}{role}{min(routed)} to {max(routed)} routed, "
-            f"{min(done)} to {max(done)} {pool[0][2]} ({len(pool)} replicas)"
+            f"{min(done)} to {max(done)} {pool[0][2]} ({counted(len(pool), 'replica')})"
         )
     return lines
 
@@ -589,13 +610,7 @@ def _summary_table(
 ) -> str:
     """The run's summary for a terminal: no NaN, every time in ms or s, who each row covers."""
     values = summary["value"]
-    lines = []
-    counts = ", ".join(
-        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
-        for name in values.index
-        if name.startswith("count_") and values[name] > 0
-    )
-    lines.append(f"requests      {values['requests']:.0f} ({counts})")
+    lines = [f"requests      {values['requests']:.0f}{_request_counts(values)}"]
     makespan = values["makespan_us"]
     if pd.isna(makespan):
         lines.append("makespan      n/a (no request finished or was cancelled)")
@@ -613,7 +628,7 @@ def _summary_table(
     lines.extend(server)
     stats = ("mean", "p50", "p90", "p99")
     lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
-    latency_rows: tuple[tuple[str, str, str, str], ...] = _LATENCY_ROWS
+    latency_rows = _LATENCY_ROWS
     if "decode_queue_delay_us" in requests.columns:  # disaggregated: a queue per pool
         queue, *others = _LATENCY_ROWS
         latency_rows = (("queue_delay_us", "prefill queue", *queue[2:]), _DECODE_QUEUE_ROW, *others)
@@ -623,8 +638,32 @@ def _summary_table(
             lines.append(f"{label:<14}n/a ({why_missing})")
             continue
         cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
-        lines.append(f"{label:<14}{cells}   {present} {covers}")
+        lines.append(f"{label:<14}{cells}   {counted(present, *covers)}")
     return "\n".join(lines)
+
+
+# How the requests line says why an admission control rejected a request.
+_REJECTIONS = {RATE_LIMITED: "rate-limited", QUEUE_FULL: "with the queue full"}
+
+
+def _request_counts(values: pd.Series) -> str:
+    """The requests by state, in words: ``" (finished 90, cancelled 10; rejected 6: 4
+    rate-limited, 2 with the queue full)"``; states no request ended in are left out,
+    and so is the rejection part without an admission control or a rejection."""
+    states = [
+        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
+        for name in values.index
+        if name.startswith("count_") and name[len("count_") :].isupper() and values[name] > 0
+    ]
+    text = ", ".join(states)
+    if values.get("count_rejected", 0) > 0:
+        reasons = [
+            f"{values[f'count_rejected_{reason}']:.0f} {words}"
+            for reason, words in _REJECTIONS.items()
+            if values[f"count_rejected_{reason}"] > 0
+        ]
+        text += f"; rejected {values['count_rejected']:.0f}: {', '.join(reasons)}"
+    return f" ({text})" if text else ""
 
 
 def _occupancy_lines(values: pd.Series) -> list[str]:
@@ -715,10 +754,6 @@ def _install(extra: str) -> str:
     return f"pip install 'simsim[{extra}]' (from a source checkout: pip install '.[{extra}]')"
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
 def _validate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     # Submit every request to the engine (without running it): what run would refuse.
@@ -726,8 +761,8 @@ def _validate(args: argparse.Namespace) -> int:
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
         f"{'' if scenario.cluster is None else f'cluster of {scenario.cluster.describe()}, '}"
-        f"{_count(len(requests), 'request')}, "
-        f"{_count(len(scenario.cancellations), 'cancellation')}"
+        f"{counted(len(requests), 'request')}, "
+        f"{counted(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
 
@@ -861,7 +896,7 @@ def _serve(args: argparse.Namespace) -> int:
     states = requests["state"].value_counts()
     finished, cancelled = states.get("FINISHED", 0), states.get("CANCELLED", 0)
     print(
-        f"served {_count(len(requests), 'request')} ({finished} finished, {cancelled} "
+        f"served {counted(len(requests), 'request')} ({finished} finished, {cancelled} "
         f"cancelled, {len(requests) - finished - cancelled} unfinished) in "
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
@@ -1114,7 +1149,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         _check_url(args.url)
         plan = _calibration_plan(args, calibrate)
         options = _replay_options(args)
-        print(f"probing {args.url}: {len(plan)} probes", file=sys.stderr)
+        print(f"probing {args.url}: {counted(len(plan), 'probe')}", file=sys.stderr)
         try:
             probes = calibrate.run_probes(
                 args.url,
@@ -1132,7 +1167,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         if len(failed):
             first = failed.iloc[0]
             print(
-                f"simsim: warning: {len(failed)} of {len(probes)} probe requests failed "
+                f"simsim: warning: {len(failed)} of {counted(len(probes), 'probe request')} "
+                "failed "
                 f"(left out of the fit); the first: {first['error']}",
                 file=sys.stderr,
             )
@@ -1435,7 +1471,8 @@ def _compare(args: argparse.Namespace) -> int:
     print(comparison.table())
     if comparison.request_counts["different_sizes"]:
         print(
-            f"simsim: warning: {comparison.request_counts['different_sizes']} matched requests "
+            "simsim: warning: "
+            f"{counted(comparison.request_counts['different_sizes'], 'matched request')} "
             "differ in prompt or output length: A and B are not runs of the same workload",
             file=sys.stderr,
         )

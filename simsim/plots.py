@@ -39,10 +39,11 @@ it, e.g. when an optional table such as ``iterations`` is absent) and append a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import matplotlib
 
@@ -62,6 +63,7 @@ from simsim.results import _ONE_POOL, CLASS_KEYS, NO_CLASS, _replica_pools
 from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import read_sweep_folder
+from simsim.wording import counted
 
 __all__ = [
     "CLASS_LINES",
@@ -121,6 +123,26 @@ _DPI: Final = 120
 _QUEUE_COLORS: Final = ("0.35", "black")  # a count's colour, its windowed mean's
 _SLOT_COLORS: Final = (_DECODE_COLOR, "#08306b")
 _PREFILL_SLOT_COLORS: Final = (_PREFILL_COLOR, "#a63603")
+
+
+class _WholeNumbers(MaxNLocator):
+    """Ticks at whole numbers only, for an axis of counts or replica indices.
+
+    ``MaxNLocator(integer=True)`` falls back to fractions when fewer than two whole
+    numbers are in view (one replica's heat map row spans -0.5..0.5; a count that stays
+    0); this locator then ticks the whole numbers in view, or the nearest one.
+    """
+
+    def __init__(self, nbins: int | Literal["auto"] = "auto") -> None:
+        super().__init__(nbins=nbins, integer=True)
+
+    def tick_values(self, vmin: float, vmax: float) -> Sequence[float]:
+        ticks = np.asarray(super().tick_values(vmin, vmax), dtype=np.float64)
+        if np.all(ticks == np.round(ticks)):
+            return [float(tick) for tick in ticks]
+        low, high = min(vmin, vmax), max(vmin, vmax)
+        inside = [float(n) for n in range(math.ceil(low), math.floor(high) + 1)]
+        return inside or [float(round((low + high) / 2))]
 
 
 # ---------------------------------------------------------------------- reading
@@ -271,7 +293,7 @@ def draw_latency_cdf(requests: pd.DataFrame, *, measured: bool = False) -> Figur
             np.concatenate([[0.0], fraction]),
             where="post",
             color=_DECODE_COLOR,
-            label=f"{n} of {total} requests{left_out}",
+            label=f"{n} of {counted(total, 'request')}{left_out}",
         )
         for q, style in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
             value = float(np.quantile(values_ms, q))
@@ -305,7 +327,7 @@ def draw_class_latency(
     if len(ordered) > CLASS_LINES:
         largest = set(sorted(ordered, key=lambda name: -int(counts[name]))[: CLASS_LINES - 1])
         rest = len(ordered) - len(largest)
-        other = f"{rest} other classes"
+        other = counted(rest, "other class", "other classes")
         names = names.where(names.isin(largest), other)
         ordered = [name for name in ordered if name in largest] + [other]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, layout="constrained")
@@ -453,7 +475,7 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
             )
         ax.set_ylabel(f"{ylabel} (requests)")
         ax.set_ylim(0, max(1, int(values.max())) * 1.3)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_WholeNumbers())
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize="small", ncol=2)
     top, bottom = axes[0, 0], axes[-1, 0]
@@ -462,11 +484,12 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
     bottom.set_xlim(0, end / scale if end > 0 else 1)
     if measured:
         bottom.set_xlabel(f"time since the replay started ({unit})")
-        fig.suptitle(f"Requests in flight, {len(requests)} requests ({MEASURED_NOTE})")
+        fig.suptitle(f"Requests in flight, {counted(len(requests), 'request')} ({MEASURED_NOTE})")
     else:
         bottom.set_xlabel(f"simulated time ({unit})")
         fig.suptitle(
-            f"Queue length and slot occupancy, {len(requests)} requests ({SIMULATED_NOTE})"
+            f"Queue length and slot occupancy, {counted(len(requests), 'request')} "
+            f"({SIMULATED_NOTE})"
         )
     return fig
 
@@ -500,7 +523,7 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
             ax.step(starts / scale, values, where="post", color=color, linewidth=1.0)
             ax.fill_between(starts / scale, values, step="post", color=color, alpha=0.2)
         ax.set_ylabel(label)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_WholeNumbers())
         ax.grid(True, alpha=0.3)
     if "kv_blocks_cached" in frame.columns and len(frame):
         # A prefix cache: blocks nobody holds that keep a cached prefix, stacked on top.
@@ -548,6 +571,7 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
                 x, prefill, step="post", color=_PREFILL_COLOR, alpha=0.8, label="prefill tokens"
             )
             tokens.set_ylabel("tokens per iteration")
+            tokens.yaxis.set_major_locator(_WholeNumbers())
         if abandoned.any():
             tokens.plot(
                 starts[abandoned] / scale,
@@ -562,7 +586,9 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
         tokens.set_ylabel("tokens per iteration")
     tokens.set_xlabel(f"simulated time ({unit})")
     tokens.grid(True, alpha=0.3)
-    fig.suptitle(f"Batching iterations, {len(frame)} launched ({SIMULATED_NOTE})")
+    fig.suptitle(
+        f"Batching iterations, {counted(len(frame), 'iteration')} launched ({SIMULATED_NOTE})"
+    )
     return fig
 
 
@@ -687,7 +713,7 @@ def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figu
             extent=(0.0, float(x[-1]), indices.stop - 0.5, indices.start - 0.5),
         )
         heat.set_ylabel(f"{name} replica" if name else "replica")
-        heat.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(indices), 16)))
+        heat.yaxis.set_major_locator(_WholeNumbers(nbins=min(len(indices), 16)))
         bar = fig.colorbar(image, ax=heat, pad=0.01)
         bar.set_label("requests (mean\nper window)", fontsize="small")
     axes[-1, 0].set_xlim(0, float(x[-1]))
@@ -695,9 +721,9 @@ def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figu
         f"simulated time ({unit}, {end / REPLICA_LOAD_WINDOWS / scale:.3g} {unit} windows)"
     )
     count = sum(len(indices) for _, indices, _ in pools)
+    on = "the one replica" if count == 1 else f"each of {counted(count, 'replica')}"
     fig.suptitle(
-        f"Requests on each of {count} replicas over time, {len(requests)} requests "
-        f"({SIMULATED_NOTE})"
+        f"Requests on {on} over time, {counted(len(requests), 'request')} ({SIMULATED_NOTE})"
     )
     return fig
 
@@ -840,7 +866,7 @@ def draw_gantt(
         frameon=False,
     )
     note = MEASURED_NOTE if measured else SIMULATED_NOTE
-    ax.set_title(f"Per-request timeline, {n} requests ({note})")
+    ax.set_title(f"Per-request timeline, {counted(n, 'request')} ({note})")
     return fig
 
 
@@ -1015,6 +1041,8 @@ def _draw_lines(ax: Axes, folder: SweepFolder, metric: str, scale: float) -> boo
         high = np.clip(rows["ci_high"].to_numpy(dtype=np.float64), lowest, highest) * scale
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn = True
+    if pd.api.types.is_integer_dtype(folder.summary[folder.load]):  # replicas, slots...
+        ax.xaxis.set_major_locator(_WholeNumbers())
     ax.grid(True, alpha=0.3)
     return drawn
 
