@@ -4,7 +4,6 @@ Time is an integer number of microseconds. All figures are simulated behaviour f
 analytical cost model, never measured hardware performance.
 """
 
-import importlib
 from types import ModuleType
 
 from simsim import cluster, run_folder, sweeps, traces, workloads
@@ -100,5 +99,14 @@ def __getattr__(name: str) -> ModuleType:
     # simsim.live needs the serve extra, so `import simsim` does not import it: the
     # attribute imports it on first use (with an install hint if the extra is missing).
     if name == "live":
+        import importlib
+
         return importlib.import_module("simsim.live")
     raise AttributeError(f"module 'simsim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public API and the module's own dunders, not the helpers and submodules that
+    # importing it leaves in its namespace (ModuleType, engines, results...).
+    dunders = (name for name in globals() if name.startswith("__") and name.endswith("__"))
+    return sorted({*__all__, *dunders})

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from simsim import __version__
+from simsim.admission import QUEUE_FULL, RATE_LIMITED
 from simsim.backend import FittedBackendConfig
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
@@ -63,6 +64,7 @@ from simsim.sweeps.signals import SweepStopped
 from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import RUNS_FILE, SUMMARY_FILE, SweepResult, is_sweep_folder
 from simsim.sweeps.sweep_file import CAPACITY_FILE, run_sweep
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     from simsim.fidelity.replay import ReplayOptions
@@ -397,7 +399,7 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(classes))
     events = sum(replica.processed_event_count for replica in replicas)
     print(
-        f"{events} events simulated in {wall_s:.2f} s of wall time; "
+        f"{counted(events, 'event')} simulated in {wall_s:.2f} s of wall time; "
         f"results in {out}/ ({args.format})"
     )
     print("All times are simulated from the cost model, not measured on hardware.")
@@ -413,7 +415,8 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
     """The tables a results folder holds for *engine*'s run, the summary included.
 
     A cluster's tables are its merged frames (a ``replica`` column in each, the replica
-    columns in ``requests``); its slots are every replica's.
+    columns in ``requests``); its slots are every replica's, counted per pool for a
+    disaggregated cluster (its occupancy rows are per pool too).
     """
     replicas = _replicas(engine)
     frames = {
@@ -425,9 +428,12 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
         isinstance(engine, Cluster) and any(isinstance(r, BatchingEngine) for r in replicas)
     ):
         frames["iterations"] = engine.iterations_frame()
-    slots = sum(replica.max_active_requests for replica in replicas)
+    slots: int | tuple[int, int] = sum(replica.max_active_requests for replica in replicas)
     counts: int | tuple[int, int] | None = None  # so that a replica given nothing counts
     if isinstance(engine, DisaggregatedCluster):
+        pools = (engine.prefill_replicas, engine.decode_replicas)
+        prefill_slots, decode_slots = (sum(r.max_active_requests for r in pool) for pool in pools)
+        slots = (prefill_slots, decode_slots)
         counts = (len(engine.prefill_replicas), len(engine.decode_replicas))
     elif isinstance(engine, Cluster):
         counts = len(replicas)
@@ -458,17 +464,41 @@ def _write_tables(
 
 
 # Each latency row of the run table: its column, its label, whom it covers (the rows
-# where the value exists) and why it can be missing.
-_LATENCY_ROWS = (
-    ("queue_delay_us", "queue delay", "admitted requests", "no request was admitted"),
-    ("ttft_us", "TTFT", "requests that produced a token", "no request produced a token"),
-    ("e2e_latency_us", "e2e latency", "finished requests", "no request finished"),
+# where the value exists: one such request, several) and why it can be missing.
+_LatencyRow = tuple[str, str, tuple[str, str], str]
+_LATENCY_ROWS: tuple[_LatencyRow, ...] = (
+    (
+        "queue_delay_us",
+        "queue delay",
+        ("admitted request", "admitted requests"),
+        "no request was admitted",
+    ),
+    (
+        "ttft_us",
+        "TTFT",
+        ("request that produced a token", "requests that produced a token"),
+        "no request produced a token",
+    ),
+    (
+        "e2e_latency_us",
+        "e2e latency",
+        ("finished request", "finished requests"),
+        "no request finished",
+    ),
     (
         "tpot_us",
         "TPOT",
-        "finished requests with 2+ tokens",
+        ("finished request with 2+ tokens", "finished requests with 2+ tokens"),
         "no finished request produced 2+ tokens",
     ),
+)
+
+
+_DECODE_QUEUE_ROW: _LatencyRow = (
+    "decode_queue_delay_us",
+    "decode queue",
+    ("request admitted on a decode replica", "requests admitted on a decode replica"),
+    "no request was admitted on a decode replica",
 )
 
 
@@ -488,11 +518,12 @@ def _batching_lines(
     preemptions = int((events["event_type"] == "REQUEST_PREEMPTED").sum())
     ran = iterations[~iterations["abandoned"]]
     weights = (ran["end_us"] - ran["start_us"]).astype("float64")
-    head = f"batching      {len(iterations)} iterations"
+    head = f"batching      {counted(len(iterations), 'iteration')}"
+    preempted = counted(preemptions, "preemption")
     if ran.empty or weights.sum() <= 0:
-        return [f"{head}, {preemptions} preemptions"]
+        return [f"{head}, {preempted}"]
     batch = float((ran["batch_size"] * weights).sum() / weights.sum())
-    lines = [f"{head}, {batch:.2f} requests per batch on average, {preemptions} preemptions"]
+    lines = [f"{head}, {batch:.2f} requests per batch on average, {preempted}"]
     servers = [(i, r) for i, r in enumerate(replicas) if isinstance(r, BatchingEngine)]
     blocks = {i: r.kv_cache.total_blocks for i, r in servers if r.kv_cache is not None}
     if len(replicas) == 1 and blocks:
@@ -500,7 +531,7 @@ def _batching_lines(
         used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
         peak = int(ran["kv_blocks_in_use"].max())
         lines.append(
-            f"KV cache      {used / total:.1%} of {total} blocks "
+            f"KV cache      {used / total:.1%} of {counted(total, 'block')} "
             f"in use on average, {peak / total:.1%} at the peak"
         )
     elif blocks:
@@ -508,7 +539,8 @@ def _batching_lines(
         used = float((held * weights).sum() / weights.sum())
         lines.append(
             f"KV cache      {used:.1%} of a replica's blocks in use on average, "
-            f"{float(held.max()):.1%} at the peak ({sum(blocks.values())} blocks in all)"
+            f"{float(held.max()):.1%} at the peak ({counted(sum(blocks.values()), 'block')} "
+            "in all)"
         )
     if any(r.prefix_cache for _, r in servers):
         prompts = int(requests["prompt_token_count"].sum())
@@ -517,7 +549,7 @@ def _batching_lines(
         share = f"{cached / prompts:.1%}" if prompts else "n/a (no prompt tokens)"
         lines.append(
             f"prefix cache  {share} of prompt tokens served from the cache; "
-            f"{hit} of {len(requests)} requests hit it"
+            f"{hit} of {counted(len(requests), 'request')} hit it"
         )
     return lines
 
@@ -572,7 +604,8 @@ def _cluster_lines(
         moved = requests["transfer_us"].dropna()
         if len(moved):
             lines.append(
-                f"KV transfer   {len(moved)} transfers, mean {_duration(float(moved.mean()))}, "
+                f"KV transfer   {counted(len(moved), 'transfer')}, "
+                f"mean {_duration(float(moved.mean()))}, "
                 f"max {_duration(float(moved.max()))}"
             )
     return lines
@@ -587,7 +620,7 @@ def _replica_spread(rows: Sequence[tuple[str, int, str, int]]) -> list[str]:
         done = [row[3] for row in pool]
         lines.append(
             f"{'per replica':<14}{role}{min(routed)} to {max(routed)} routed, "
-            f"{min(done)} to {max(done)} {pool[0][2]} ({len(pool)} replicas)"
+            f"{min(done)} to {max(done)} {pool[0][2]} ({counted(len(pool), 'replica')})"
         )
     return lines
 
@@ -597,13 +630,7 @@ def _summary_table(
 ) -> str:
     """The run's summary for a terminal: no NaN, every time in ms or s, who each row covers."""
     values = summary["value"]
-    lines = []
-    counts = ", ".join(
-        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
-        for name in values.index
-        if name.startswith("count_") and values[name] > 0
-    )
-    lines.append(f"requests      {values['requests']:.0f} ({counts})")
+    lines = [f"requests      {values['requests']:.0f}{_request_counts(values)}"]
     makespan = values["makespan_us"]
     if pd.isna(makespan):
         lines.append("makespan      n/a (no request finished or was cancelled)")
@@ -617,26 +644,66 @@ def _summary_table(
             f"throughput    {values['throughput_requests_per_s']:.2f} requests/s, "
             f"{values['throughput_tokens_per_s']:.1f} tokens/s"
         )
-    if "utilization" in values.index:
-        if pd.isna(values["utilization"]):
-            lines.append("occupancy     n/a (no makespan)")
-        else:
-            lines.append(
-                f"occupancy     {values['utilization']:.1%} of slot time busy, "
-                f"{values['mean_active_requests']:.2f} requests in slots and "
-                f"{values['mean_queue_length']:.2f} queued on average"
-            )
+    lines.extend(_occupancy_lines(values))
     lines.extend(server)
     stats = ("mean", "p50", "p90", "p99")
     lines.append(f"{'':14}{''.join(f'{stat:>12}' for stat in stats)}   over")
-    for column, label, covers, why_missing in _LATENCY_ROWS:
+    latency_rows = _LATENCY_ROWS
+    if "decode_queue_delay_us" in requests.columns:  # disaggregated: a queue per pool
+        queue, *others = _LATENCY_ROWS
+        latency_rows = (("queue_delay_us", "prefill queue", *queue[2:]), _DECODE_QUEUE_ROW, *others)
+    for column, label, covers, why_missing in latency_rows:
         present = int(requests[column].notna().sum())
         if present == 0:
             lines.append(f"{label:<14}n/a ({why_missing})")
             continue
         cells = "".join(f"{_duration(values[f'{column}_{stat}']):>12}" for stat in stats)
-        lines.append(f"{label:<14}{cells}   {present} {covers}")
+        lines.append(f"{label:<14}{cells}   {counted(present, *covers)}")
     return "\n".join(lines)
+
+
+# How the requests line says why an admission control rejected a request.
+_REJECTIONS = {RATE_LIMITED: "rate-limited", QUEUE_FULL: "with the queue full"}
+
+
+def _request_counts(values: pd.Series) -> str:
+    """The requests by state, in words: ``" (finished 90, cancelled 10; rejected 6: 4
+    rate-limited, 2 with the queue full)"``; states no request ended in are left out,
+    and so is the rejection part without an admission control or a rejection."""
+    states = [
+        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
+        for name in values.index
+        if name.startswith("count_") and name[len("count_") :].isupper() and values[name] > 0
+    ]
+    text = ", ".join(states)
+    if values.get("count_rejected", 0) > 0:
+        reasons = [
+            f"{values[f'count_rejected_{reason}']:.0f} {words}"
+            for reason, words in _REJECTIONS.items()
+            if values[f"count_rejected_{reason}"] > 0
+        ]
+        text += f"; rejected {values['count_rejected']:.0f}: {', '.join(reasons)}"
+    return f" ({text})" if text else ""
+
+
+def _occupancy_lines(values: pd.Series) -> list[str]:
+    """The occupancy rows of the summary (if it has them) for a terminal: the whole
+    server's or cluster's, or, for a disaggregated cluster, one line per pool."""
+    pools = [p for p in ("prefill_", "decode_") if f"{p}utilization" in values.index] or [""]
+    if f"{pools[0]}utilization" not in values.index:
+        return []
+    lines = []
+    for pool in pools:
+        label = f"occupancy     {pool.replace('_', ' ')}"
+        if pd.isna(values[f"{pool}utilization"]):
+            lines.append(f"{label}n/a (no makespan)")
+        else:
+            lines.append(
+                f"{label}{values[f'{pool}utilization']:.1%} of slot time busy, "
+                f"{values[f'{pool}mean_active_requests']:.2f} requests in slots and "
+                f"{values[f'{pool}mean_queue_length']:.2f} queued on average"
+            )
+    return lines
 
 
 def _class_lines(
@@ -707,10 +774,6 @@ def _install(extra: str) -> str:
     return f"pip install 'simsim[{extra}]' (from a source checkout: pip install '.[{extra}]')"
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
 def _validate(args: argparse.Namespace) -> int:
     if args.serve:
         scenario = _serving_scenario(args.scenario, None)
@@ -736,8 +799,8 @@ def _validate(args: argparse.Namespace) -> int:
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
         f"{'' if scenario.cluster is None else f'cluster of {scenario.cluster.describe()}, '}"
-        f"{_count(len(requests), 'request')}, "
-        f"{_count(len(scenario.cancellations), 'cancellation')}"
+        f"{counted(len(requests), 'request')}, "
+        f"{counted(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
 
@@ -836,7 +899,7 @@ def _serve(args: argparse.Namespace) -> int:
     states = requests["state"].value_counts()
     finished, cancelled = states.get("FINISHED", 0), states.get("CANCELLED", 0)
     print(
-        f"served {_count(len(requests), 'request')} ({finished} finished, {cancelled} "
+        f"served {counted(len(requests), 'request')} ({finished} finished, {cancelled} "
         f"cancelled, {len(requests) - finished - cancelled} unfinished) in "
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
@@ -1148,7 +1211,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         _check_url(args.url)
         plan = _calibration_plan(args, calibrate)
         options = _replay_options(args)
-        print(f"probing {args.url}: {len(plan)} probes", file=sys.stderr)
+        print(f"probing {args.url}: {counted(len(plan), 'probe')}", file=sys.stderr)
         try:
             probes = calibrate.run_probes(
                 args.url,
@@ -1166,7 +1229,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         if len(failed):
             first = failed.iloc[0]
             print(
-                f"simsim: warning: {len(failed)} of {len(probes)} probe requests failed "
+                f"simsim: warning: {len(failed)} of {counted(len(probes), 'probe request')} "
+                "failed "
                 f"(left out of the fit); the first: {first['error']}",
                 file=sys.stderr,
             )
@@ -1469,7 +1533,8 @@ def _compare(args: argparse.Namespace) -> int:
     print(comparison.table())
     if comparison.request_counts["different_sizes"]:
         print(
-            f"simsim: warning: {comparison.request_counts['different_sizes']} matched requests "
+            "simsim: warning: "
+            f"{counted(comparison.request_counts['different_sizes'], 'matched request')} "
             "differ in prompt or output length: A and B are not runs of the same workload",
             file=sys.stderr,
         )

@@ -39,10 +39,11 @@ it, e.g. when an optional table such as ``iterations`` is absent) and append a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import matplotlib
 
@@ -58,10 +59,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import CLASS_KEYS, NO_CLASS, _replica_pools
+from simsim.results import _ONE_POOL, CLASS_KEYS, NO_CLASS, _replica_pools
 from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import read_sweep_folder
+from simsim.wording import counted
 
 __all__ = [
     "CLASS_LINES",
@@ -118,6 +120,29 @@ _DECODE_COLOR: Final = "#1f77b4"
 _CANCEL_COLOR: Final = "#d62728"
 _TRANSFER_COLOR: Final = "#2ca02c"
 _DPI: Final = 120
+_QUEUE_COLORS: Final = ("0.35", "black")  # a count's colour, its windowed mean's
+_SLOT_COLORS: Final = (_DECODE_COLOR, "#08306b")
+_PREFILL_SLOT_COLORS: Final = (_PREFILL_COLOR, "#a63603")
+
+
+class _WholeNumbers(MaxNLocator):
+    """Ticks at whole numbers only, for an axis of counts or replica indices.
+
+    ``MaxNLocator(integer=True)`` falls back to fractions when fewer than two whole
+    numbers are in view (one replica's heat map row spans -0.5..0.5; a count that stays
+    0); this locator then ticks the whole numbers in view, or the nearest one.
+    """
+
+    def __init__(self, nbins: int | Literal["auto"] = "auto") -> None:
+        super().__init__(nbins=nbins, integer=True)
+
+    def tick_values(self, vmin: float, vmax: float) -> Sequence[float]:
+        ticks = np.asarray(super().tick_values(vmin, vmax), dtype=np.float64)
+        if np.all(ticks == np.round(ticks)):
+            return [float(tick) for tick in ticks]
+        low, high = min(vmin, vmax), max(vmin, vmax)
+        inside = [float(n) for n in range(math.ceil(low), math.floor(high) + 1)]
+        return inside or [float(round((low + high) / 2))]
 
 
 # ---------------------------------------------------------------------- reading
@@ -135,33 +160,54 @@ def occupancy_series(requests: pd.DataFrame) -> pd.DataFrame:
     or active at the end of the table (no admit or finish time) stays counted.
 
     Returns columns ``time_us``, ``queue_length`` and ``occupancy`` (all ``int64``):
-    one row at time 0 and one at every later time where either count changes, holding
+    one row at time 0 and one at every later time where a count changes, holding
     the counts after every change at that time, so the counts at any time ``t >= 0`` are
     those of the last row with ``time_us <= t``. Zero-length stays (admitted and
     cancelled at once) leave no trace.
 
-    Limitation: the requests table keeps one admission time, so a request preempted and
-    readmitted by a batching server is counted as active from its first admission.
+    A disaggregated cluster's table (``prefill_replica`` and ``decode_replica``) has a
+    queue and slots per pool, and the columns ``prefill_queue_length``,
+    ``prefill_occupancy``, ``decode_queue_length`` and ``decode_occupancy`` follow,
+    with ``queue_length`` and ``occupancy`` their sums. A request queues for a prefill
+    slot from its arrival to its prefill admission and holds it until its hand-off (or
+    its end, if it never left); it queues for a decode slot from its hand-off to its
+    admission on the decode replica and holds that slot until its end. These are the
+    intervals of :func:`simsim.summarize`'s occupancy rows, whose time averages over the
+    window are those of these counts.
+
+    Limitation: the requests table keeps one admission time per pool, so a request
+    preempted and readmitted by a batching server is counted as active from its first
+    admission.
     """
-    arrival = requests["arrival_time_us"].astype("Int64")
-    admit = requests["admit_time_us"].astype("Int64")
-    finish = requests["finish_time_us"].astype("Int64")
-    queue_end = admit.fillna(finish)
-    queue = _deltas(arrival, queue_end)
-    active = admit.notna()
-    occupancy = _deltas(admit[active], finish[active])
-    times = np.union1d(np.union1d(queue.index, occupancy.index), np.array([0], dtype=np.int64))
-    q = queue.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
-    o = occupancy.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
-    keep = np.ones(len(times), dtype=bool)
-    keep[1:] = (q[1:] != q[:-1]) | (o[1:] != o[:-1])
-    return pd.DataFrame(
-        {
-            "time_us": times[keep].astype(np.int64),
-            "queue_length": q[keep],
-            "occupancy": o[keep],
+    pools = _replica_pools(requests, None, required=False)
+    stages = pools if len(pools) == 2 else [_ONE_POOL]
+    changes: dict[str, pd.Series[int]] = {}
+    for pool in stages:
+        begin, end = pool.queued(requests)
+        queued = begin.notna()
+        changes[f"{pool.prefix}queue_length"] = _deltas(begin[queued], end[queued])
+        begin, end = pool.hold(requests)
+        held = begin.notna()
+        changes[f"{pool.prefix}occupancy"] = _deltas(begin[held], end[held])
+    times = np.array([0], dtype=np.int64)
+    for steps in changes.values():
+        times = np.union1d(times, steps.index)
+    counts = {
+        name: steps.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
+        for name, steps in changes.items()
+    }
+    if len(stages) == 2:
+        counts = {
+            "queue_length": counts["prefill_queue_length"] + counts["decode_queue_length"],
+            "occupancy": counts["prefill_occupancy"] + counts["decode_occupancy"],
+            **counts,
         }
-    )
+    keep = np.ones(len(times), dtype=bool)
+    keep[1:] = False
+    for values in counts.values():
+        keep[1:] |= values[1:] != values[:-1]
+    columns = {name: values[keep] for name, values in counts.items()}
+    return pd.DataFrame({"time_us": times[keep].astype(np.int64), **columns})
 
 
 def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
@@ -247,7 +293,7 @@ def draw_latency_cdf(requests: pd.DataFrame, *, measured: bool = False) -> Figur
             np.concatenate([[0.0], fraction]),
             where="post",
             color=_DECODE_COLOR,
-            label=f"{n} of {total} requests{left_out}",
+            label=f"{n} of {counted(total, 'request')}{left_out}",
         )
         for q, style in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
             value = float(np.quantile(values_ms, q))
@@ -281,7 +327,7 @@ def draw_class_latency(
     if len(ordered) > CLASS_LINES:
         largest = set(sorted(ordered, key=lambda name: -int(counts[name]))[: CLASS_LINES - 1])
         rest = len(ordered) - len(largest)
-        other = f"{rest} other classes"
+        other = counted(rest, "other class", "other classes")
         names = names.where(names.isin(largest), other)
         ordered = [name for name in ordered if name in largest] + [other]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, layout="constrained")
@@ -344,9 +390,12 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
 
     When the counts change more than :data:`TIMELINE_SMOOTH_AFTER` times, each panel
     also shows the time-weighted mean over :data:`TIMELINE_WINDOWS` equal windows, which
-    stays readable where the raw steps blur together. *measured* (a ``simsim replay``
-    folder, whose client never sees an admission): one panel, the requests in flight,
-    from their send to their end.
+    stays readable where the raw steps blur together. A disaggregated cluster's table
+    gets the two panels per pool: the prefill queue and slots, then the decode queue
+    (requests handed off, waiting for admission on their decode replica) and slots (see
+    :func:`occupancy_series`). *measured* (a ``simsim replay`` folder, whose client
+    never sees an admission): one panel, the requests in flight, from their send to
+    their end.
     """
     if measured:
         requests = requests.assign(admit_time_us=requests["arrival_time_us"])
@@ -356,26 +405,53 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
     scale, unit = _time_unit(end)
     x = np.append(times, end) / scale
     busy = len(series) > TIMELINE_SMOOTH_AFTER and end > 0
-    panels: list[tuple[Axes, str, str, str, str]]
+    # (column, axis label, legend, colour, colour of the windowed mean)
+    panels: list[tuple[str, str, str, str, str]]
     if measured:
-        fig, only = plt.subplots(figsize=(11, 4), layout="constrained")
-        top = bottom = only
-        panels = [(only, "occupancy", "in flight", "sent, not yet done", _DECODE_COLOR)]
-    else:
-        fig, (top, bottom) = plt.subplots(
-            2, 1, figsize=(11, 6), sharex=True, layout="constrained", height_ratios=(3, 2)
-        )
+        panels = [("occupancy", "in flight", "sent, not yet done", _DECODE_COLOR, "#08306b")]
+    elif "prefill_occupancy" in series.columns:
         panels = [
-            (top, "queue_length", "queue length", "queued (arrived, not yet admitted)", "0.35"),
             (
-                bottom,
-                "occupancy",
-                "occupied slots",
-                "active (admitted, not yet done)",
-                _DECODE_COLOR,
+                "prefill_queue_length",
+                "prefill queue",
+                "queued (arrived, not yet admitted)",
+                *_QUEUE_COLORS,
+            ),
+            (
+                "prefill_occupancy",
+                "prefill slots",
+                "prefilling (admitted, not yet handed off)",
+                *_PREFILL_SLOT_COLORS,
+            ),
+            (
+                "decode_queue_length",
+                "decode queue",
+                "handed off, not yet admitted for decode",
+                *_QUEUE_COLORS,
+            ),
+            (
+                "decode_occupancy",
+                "decode slots",
+                "admitted (receiving its KV cache or decoding)",
+                *_SLOT_COLORS,
             ),
         ]
-    for ax, column, ylabel, what, color in panels:
+    else:
+        panels = [
+            ("queue_length", "queue length", "queued (arrived, not yet admitted)", *_QUEUE_COLORS),
+            ("occupancy", "occupied slots", "active (admitted, not yet done)", *_SLOT_COLORS),
+        ]
+    height = {1: (4.0, (1,)), 2: (6.0, (3, 2)), 4: (9.0, (3, 2, 3, 2))}[len(panels)]
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(11, height[0]),
+        sharex=True,
+        layout="constrained",
+        height_ratios=height[1],
+        squeeze=False,
+    )
+    for ax, (column, ylabel, what, color, mean_color) in zip(axes[:, 0], panels, strict=True):
         values = series[column].to_numpy(dtype=np.int64)
         y = np.append(values, values[-1])
         ax.step(
@@ -393,25 +469,27 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
             ax.plot(
                 centers / scale,
                 means,
-                color="black" if color == "0.35" else "#08306b",
+                color=mean_color,
                 linewidth=1.6,
                 label=f"time-weighted mean per {window:.3g} {unit} window",
             )
         ax.set_ylabel(f"{ylabel} (requests)")
         ax.set_ylim(0, max(1, int(values.max())) * 1.3)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_WholeNumbers())
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize="small", ncol=2)
+    top, bottom = axes[0, 0], axes[-1, 0]
     if len(requests) == 0:
         _no_data(top, "no requests")
     bottom.set_xlim(0, end / scale if end > 0 else 1)
     if measured:
         bottom.set_xlabel(f"time since the replay started ({unit})")
-        fig.suptitle(f"Requests in flight, {len(requests)} requests ({MEASURED_NOTE})")
+        fig.suptitle(f"Requests in flight, {counted(len(requests), 'request')} ({MEASURED_NOTE})")
     else:
         bottom.set_xlabel(f"simulated time ({unit})")
         fig.suptitle(
-            f"Queue length and slot occupancy, {len(requests)} requests ({SIMULATED_NOTE})"
+            f"Queue length and slot occupancy, {counted(len(requests), 'request')} "
+            f"({SIMULATED_NOTE})"
         )
     return fig
 
@@ -445,7 +523,7 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
             ax.step(starts / scale, values, where="post", color=color, linewidth=1.0)
             ax.fill_between(starts / scale, values, step="post", color=color, alpha=0.2)
         ax.set_ylabel(label)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_WholeNumbers())
         ax.grid(True, alpha=0.3)
     if "kv_blocks_cached" in frame.columns and len(frame):
         # A prefix cache: blocks nobody holds that keep a cached prefix, stacked on top.
@@ -493,6 +571,7 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
                 x, prefill, step="post", color=_PREFILL_COLOR, alpha=0.8, label="prefill tokens"
             )
             tokens.set_ylabel("tokens per iteration")
+            tokens.yaxis.set_major_locator(_WholeNumbers())
         if abandoned.any():
             tokens.plot(
                 starts[abandoned] / scale,
@@ -507,7 +586,9 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
         tokens.set_ylabel("tokens per iteration")
     tokens.set_xlabel(f"simulated time ({unit})")
     tokens.grid(True, alpha=0.3)
-    fig.suptitle(f"Batching iterations, {len(frame)} launched ({SIMULATED_NOTE})")
+    fig.suptitle(
+        f"Batching iterations, {counted(len(frame), 'iteration')} launched ({SIMULATED_NOTE})"
+    )
     return fig
 
 
@@ -632,7 +713,7 @@ def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figu
             extent=(0.0, float(x[-1]), indices.stop - 0.5, indices.start - 0.5),
         )
         heat.set_ylabel(f"{name} replica" if name else "replica")
-        heat.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(indices), 16)))
+        heat.yaxis.set_major_locator(_WholeNumbers(nbins=min(len(indices), 16)))
         bar = fig.colorbar(image, ax=heat, pad=0.01)
         bar.set_label("requests (mean\nper window)", fontsize="small")
     axes[-1, 0].set_xlim(0, float(x[-1]))
@@ -640,9 +721,9 @@ def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figu
         f"simulated time ({unit}, {end / REPLICA_LOAD_WINDOWS / scale:.3g} {unit} windows)"
     )
     count = sum(len(indices) for _, indices, _ in pools)
+    on = "the one replica" if count == 1 else f"each of {counted(count, 'replica')}"
     fig.suptitle(
-        f"Requests on each of {count} replicas over time, {len(requests)} requests "
-        f"({SIMULATED_NOTE})"
+        f"Requests on {on} over time, {counted(len(requests), 'request')} ({SIMULATED_NOTE})"
     )
     return fig
 
@@ -785,7 +866,7 @@ def draw_gantt(
         frameon=False,
     )
     note = MEASURED_NOTE if measured else SIMULATED_NOTE
-    ax.set_title(f"Per-request timeline, {n} requests ({note})")
+    ax.set_title(f"Per-request timeline, {counted(n, 'request')} ({note})")
     return fig
 
 
@@ -960,6 +1041,8 @@ def _draw_lines(ax: Axes, folder: SweepFolder, metric: str, scale: float) -> boo
         high = np.clip(rows["ci_high"].to_numpy(dtype=np.float64), lowest, highest) * scale
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn = True
+    if pd.api.types.is_integer_dtype(folder.summary[folder.load]):  # replicas, slots...
+        ax.xaxis.set_major_locator(_WholeNumbers())
     ax.grid(True, alpha=0.3)
     return drawn
 

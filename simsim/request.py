@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.errors import InvalidTransitionError
+from simsim.wording import counted
 
 __all__ = ["LEGAL_TRANSITIONS", "TERMINAL_STATES", "Request", "RequestState"]
 
@@ -349,8 +350,10 @@ class Request:
             )
         if new_state is _F and self.generated_token_count != self.max_output_tokens:
             raise InvalidTransitionError(
-                f"request {self.request_id}: {old_state.name} -> FINISHED needs all "
-                f"{self.max_output_tokens} output tokens, it has {self.generated_token_count}"
+                f"request {self.request_id}: {old_state.name} -> FINISHED needs "
+                f"{'' if self.max_output_tokens == 1 else 'all '}"
+                f"{counted(self.max_output_tokens, 'output token')}, "
+                f"it has {self.generated_token_count}"
             )
         self.state = new_state
         if new_state is _P:

@@ -74,6 +74,10 @@ REQUEST_COLUMNS = (
 
 _FINISHED = RequestState.FINISHED
 _LATENCY_COLUMNS = ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
+_DECODE_QUEUE_DELAY = "decode_queue_delay_us"
+"""The column of a disaggregated cluster's frame that holds each request's wait for
+admission on its decode replica (decode admission - hand-off); :func:`summarize` gives
+its statistics after ``queue_delay_us``'s."""
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 """The percentiles :func:`summarize` reports unless told otherwise."""
 
@@ -171,7 +175,7 @@ def summarize(
     ttft_slo_us: float | None = None,
     tpot_slo_us: float | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-    slots: int | None = None,
+    slots: int | tuple[int, int] | None = None,
     warmup_us: int | None = None,
     until_us: int | None = None,
     replicas: int | tuple[int, int] | None = None,
@@ -226,6 +230,17 @@ def summarize(
     also while it waited to be readmitted, so with preemptions ``utilization`` is an
     upper bound and ``mean_queue_length`` a lower bound.
 
+    A disaggregated cluster's frame (``prefill_replica`` and ``decode_replica``) takes
+    *slots* as a pair, the prefill pool's and the decode pool's slot counts (one int is
+    refused: it cannot say how the slots split). A request queues for a prefill slot
+    over ``[arrival, admit)``, holds it over ``[admit, hand-off)`` (to its end if it
+    never left), queues for a decode slot over ``[hand-off, decode admission)`` and
+    holds that over ``[decode admission, end)``; the three rows then cover both pools
+    (``utilization`` over the sum of the slots), and the same three rows follow per
+    pool, named with ``prefill_`` and ``decode_`` in front. A frame with
+    ``decode_queue_delay_us`` (decode admission - hand-off) also gets that column's
+    mean and percentiles, after ``queue_delay_us``'s.
+
     **Prefix cache** (a frame with ``cached_prompt_tokens``, from a batching server with
     a prefix cache) adds ``prefix_cache_hit_rate_tokens`` (prompt tokens served from the
     cache over all prompt tokens) and ``prefix_cache_hit_rate_requests`` (the fraction
@@ -271,16 +286,16 @@ def summarize(
     if missing:
         raise ValueError(f"summarize needs a requests_frame(); missing columns {missing}")
     labels = [(percentile_label(q), q / 100.0) for q in _check_percentiles(percentiles)]
-    slot_count = None if slots is None else check_count(slots, "slots", minimum=1)
     if ttft_slo_us is not None:
         ttft_slo_us = _non_negative_real(ttft_slo_us, "ttft_slo_us")
     if tpot_slo_us is not None:
         tpot_slo_us = _non_negative_real(tpot_slo_us, "tpot_slo_us")
     pools = _replica_pools(requests, replicas, required=False)
+    slot_counts = None if slots is None else _slot_counts(slots, pools)
     start_us, end_us, selected = _window(requests, warmup_us, until_us)
     metrics = _request_metrics(selected, start_us, end_us, labels, ttft_slo_us, tpot_slo_us)
-    if slot_count is not None:
-        metrics.update(_occupancy(requests, start_us, end_us, slot_count))
+    if slot_counts is not None:
+        metrics.update(_occupancy(requests, start_us, end_us, slot_counts, pools))
     if "cached_prompt_tokens" in selected.columns:
         cached = selected["cached_prompt_tokens"].astype("float64")
         prompts = float(selected["prompt_token_count"].sum())
@@ -326,7 +341,10 @@ def _request_metrics(
     seconds = makespan / 1e6 if makespan and makespan > 0 else math.nan
     metrics["throughput_requests_per_s"] = float(finished.sum()) / seconds
     metrics["throughput_tokens_per_s"] = float(selected["generated_token_count"].sum()) / seconds
-    for column in _LATENCY_COLUMNS:
+    latencies: tuple[str, ...] = _LATENCY_COLUMNS
+    if _DECODE_QUEUE_DELAY in selected.columns:  # a disaggregated cluster's second queue
+        latencies = (latencies[0], _DECODE_QUEUE_DELAY, *latencies[1:])
+    for column in latencies:
         values = selected[column].dropna().astype("float64")
         metrics[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
         for label, q in labels:
@@ -411,31 +429,71 @@ def _int_or_none(value: Any) -> int | None:
     return None if pd.isna(value) else int(value)
 
 
+def _slot_counts(slots: object, pools: Sequence[_Pool]) -> tuple[int, ...]:
+    """*slots* checked against the frame: one count for a server or a cluster, a pair
+    (prefill slots, decode slots) for a disaggregated cluster's two pools."""
+    if len(pools) != 2:
+        if isinstance(slots, tuple):
+            raise TypeError(
+                f"slots must be an int (the server's or the cluster's slot count), got "
+                f"{slots!r}; a pair is for a disaggregated cluster's frame, and this one "
+                f"has no {_PREFILL_COLUMN!r} and {_DECODE_COLUMN!r} columns"
+            )
+        return (check_count(slots, "slots", minimum=1),)
+    if not isinstance(slots, tuple) or len(slots) != 2:
+        raise TypeError(
+            f"slots must be a pair (prefill slots, decode slots) for a disaggregated "
+            f"cluster's requests frame, got {slots!r}: its pools hold requests at "
+            "different times, so each needs its own count (the sum of max_active_requests "
+            "over the pool's replicas)"
+        )
+    return tuple(
+        check_count(count, f"slots[{position}] ({pool.name} slots)", minimum=1)
+        for position, (count, pool) in enumerate(zip(slots, pools, strict=True))
+    )
+
+
 def _occupancy(
-    requests: pd.DataFrame, start: int | None, end: int | None, slots: int
+    requests: pd.DataFrame,
+    start: int | None,
+    end: int | None,
+    slots: tuple[int, ...],
+    pools: Sequence[_Pool],
 ) -> dict[str, float]:
-    """Time averages over ``[start, end)`` of the queued and slot-holding counts."""
+    """Time averages over ``[start, end)`` of the queued and slot-holding counts: for the
+    whole server or cluster, then, for a disaggregated frame, per pool."""
+    stages = list(zip(pools, slots, strict=True)) if len(slots) == 2 else [(_ONE_POOL, slots[0])]
+    rows: list[tuple[str, float, float, int]] = []  # (prefix, queued, active, slots)
     if start is None or end is None or end <= start:  # an empty frame, or nothing finished
-        return {
-            "mean_queue_length": math.nan,
-            "mean_active_requests": math.nan,
-            "utilization": math.nan,
-        }
+        rows = [(pool.prefix, math.nan, math.nan, count) for pool, count in stages]
+    else:
+        for pool, count in stages:
+            queued = _time_average(*pool.queued(requests), start, end)
+            active = _time_average(*pool.hold(requests), start, end)
+            rows.append((pool.prefix, queued, active, count))
+    if len(rows) > 1:  # the whole cluster first: every slot of both pools
+        total = (
+            "",
+            sum(row[1] for row in rows),
+            sum(row[2] for row in rows),
+            sum(row[3] for row in rows),
+        )
+        rows.insert(0, total)
+    metrics: dict[str, float] = {}
+    for prefix, queued, active, count in rows:
+        metrics[f"{prefix}mean_queue_length"] = queued
+        metrics[f"{prefix}mean_active_requests"] = active
+        metrics[f"{prefix}utilization"] = active / count
+    return metrics
+
+
+def _time_average(begin: pd.Series, end: pd.Series, start: int, window_end: int) -> float:
+    """The time average over ``[start, window_end)`` of how many of the intervals
+    ``[begin, end)`` hold (a missing begin: no interval; a missing end: still open)."""
     # Times relative to the window's start, taken in ints: exact before going to floats.
-    length = float(end - start)
-    arrival = _relative(requests["arrival_time_us"], start, length)
-    admit = _relative(requests["admit_time_us"], start, math.nan)
-    finish = _relative(requests["finish_time_us"], start, length)
-    # Queued from arrival until admitted or, if never admitted, until cancelled (or the end).
-    left_queue = np.where(np.isnan(admit), finish, admit)
-    queued = _overlap(arrival, left_queue, length)
-    holding = _overlap(np.where(np.isnan(admit), length, admit), finish, length)
-    active = holding / length
-    return {
-        "mean_queue_length": queued / length,
-        "mean_active_requests": active,
-        "utilization": active / slots,
-    }
+    length = float(window_end - start)
+    # A missing begin becomes the window's end: an empty interval, summed as before.
+    return _overlap(_relative(begin, start, length), _relative(end, start, length), length) / length
 
 
 def _relative(column: pd.Series, start: int, missing: float) -> np.ndarray:
@@ -470,6 +528,25 @@ class _Pool:
         self.name = name
         self.column = column
         self.indices = indices
+
+    @property
+    def prefix(self) -> str:
+        """What the pool's rows of :func:`summarize` start with: ``""``, ``"prefill_"``
+        or ``"decode_"``."""
+        return f"{self.name}_" if self.name else ""
+
+    def queued(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Each request's ``[begin, end)`` queued for a slot in this pool: from its
+        routing there (its arrival; for a decode replica, its hand-off) to its admission
+        there or, never admitted, its end (a missing begin: it never queued here; a
+        missing end: it still does)."""
+        finish = requests["finish_time_us"].astype("Int64")
+        if self.name == "decode":
+            handed = requests[_DECODE_COLUMN].notna()
+            begin = self._handoff(requests).where(handed, pd.NA)
+            return begin, _decode_admission(requests).fillna(finish)
+        admit = requests["admit_time_us"].astype("Int64")
+        return requests["arrival_time_us"].astype("Int64"), admit.fillna(finish)
 
     def hold(self, requests: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         """Each request's ``[begin, end)`` holding a place on its replica in this pool
@@ -511,6 +588,11 @@ class _Pool:
         never left (cancelled there, or a zero-output request finished there)."""
         handed = requests[_DECODE_COLUMN].notna()
         return finish.where(~handed, self._handoff(requests))
+
+
+_ONE_POOL = _Pool("", _REPLICA_COLUMN, range(0))
+"""A server's slots, or a plain cluster's taken together: the intervals of
+:func:`summarize`'s occupancy rows for a frame without prefill and decode pools."""
 
 
 def _decode_admission(requests: pd.DataFrame) -> pd.Series:

@@ -84,6 +84,7 @@ CLUSTER_REQUEST_DTYPES: Final[Mapping[str, str]] = {
     "transfer_start_us": "Int64",
     "transfer_end_us": "Int64",
     "transfer_us": "Int64",
+    "decode_queue_delay_us": "Int64",
 }
 """The columns a cluster's requests table appends (``simsim.Cluster.requests_frame``,
 ``simsim.DisaggregatedCluster.requests_frame``), with their dtypes: ``<NA>`` where a

@@ -137,7 +137,7 @@ def test_each_latency_row_says_whom_it_covers(
     assert row(lines, "queue delay").endswith("   3 admitted requests")
     assert row(lines, "TTFT").endswith("   2 requests that produced a token")
     assert row(lines, "e2e latency").endswith("   3 finished requests")
-    assert row(lines, "TPOT").endswith("   1 finished requests with 2+ tokens")
+    assert row(lines, "TPOT").endswith("   1 finished request with 2+ tokens")
 
 
 def test_the_run_table_reports_occupancy_over_the_makespan(

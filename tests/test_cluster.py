@@ -465,7 +465,7 @@ def test_a_replica_takes_requests_only_through_its_cluster() -> None:
     env = simsim.Environment()
     engine = single(env)
     cluster = Cluster([engine])
-    with pytest.raises(ValueError, match="is a replica of <Cluster of 1 replicas>: submit"):
+    with pytest.raises(ValueError, match="is a replica of <Cluster of 1 replica>: submit"):
         engine.submit(
             simsim.Request(0, arrival_time_us=0, prompt_token_count=10, max_output_tokens=2)
         )

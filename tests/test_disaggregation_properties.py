@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_cluster_properties import BLOCK, COSTS, property_settings, token_times
 
 import simsim
+from simsim import plots
 from simsim.cluster import (
     ROUTERS,
     DisaggregatedCluster,
@@ -100,20 +102,32 @@ pools = st.builds(
     st.booleans(),
     st.booleans(),
 )
-setups = st.builds(
-    Setup,
-    st.lists(pools, min_size=1, max_size=3).map(tuple),
-    st.lists(pools, min_size=1, max_size=3).map(tuple),
-    st.sampled_from(sorted(ROUTERS)),
-    st.sampled_from(sorted(ROUTERS)),
-    st.sampled_from((0, 0, 600, 4_000)),
-    st.builds(
-        KvTransferConfig,
-        kv_bytes_per_token=st.integers(1, 5_000),
-        bandwidth_bytes_per_s=st.integers(10_000_000, 2_000_000_000),
-        base_us=st.integers(0, 1_500),
-    ),
+# Room for every request in every slot: no preemption, so each pool's occupancy is exact.
+roomy_pools = st.integers(1, 4).flatmap(
+    lambda slots: st.builds(
+        Pool, st.just(slots), st.just(slots * MAX_BLOCKS), st.booleans(), st.booleans()
+    )
 )
+
+
+def setups_of(replicas: st.SearchStrategy[Pool]) -> st.SearchStrategy[Setup]:
+    return st.builds(
+        Setup,
+        st.lists(replicas, min_size=1, max_size=3).map(tuple),
+        st.lists(replicas, min_size=1, max_size=3).map(tuple),
+        st.sampled_from(sorted(ROUTERS)),
+        st.sampled_from(sorted(ROUTERS)),
+        st.sampled_from((0, 0, 600, 4_000)),
+        st.builds(
+            KvTransferConfig,
+            kv_bytes_per_token=st.integers(1, 5_000),
+            bandwidth_bytes_per_s=st.integers(10_000_000, 2_000_000_000),
+            base_us=st.integers(0, 1_500),
+        ),
+    )
+
+
+setups = setups_of(pools)
 workloads = st.builds(
     Workload,
     st.lists(
@@ -456,3 +470,29 @@ def test_prefix_affinity_sends_shared_prefixes_to_the_replica_that_holds_them(
     frame = outcome.cluster.requests_frame()
     assert set(frame["state"]) == {"FINISHED"}
     check_leftovers(outcome)
+
+
+@property_settings(25)
+@given(setup=setups_of(roomy_pools), workload=workloads)
+def test_each_pools_occupancy_stays_within_its_slots(setup: Setup, workload: Workload) -> None:
+    """Issue 24, point 4: the wait for a decode slot is queueing, so utilisation stays
+    within [0, 1] per pool and for the cluster, and queued plus held is the time in the
+    system (Little's law, exactly: the four intervals of a request's path tile it)."""
+    cluster = run(setup, workload).cluster
+    frame = cluster.requests_frame()
+    assert "REQUEST_PREEMPTED" not in set(cluster.events_frame()["event_type"])
+    slots = tuple(sum(pool.slots for pool in side) for side in (setup.prefill, setup.decode))
+    summary = simsim.summarize(frame, slots=slots)["value"]
+    start = int(frame["arrival_time_us"].min())
+    end = int(frame["finish_time_us"].max())
+    if end <= start:  # everything cancelled at once: no window to average over
+        assert pd.isna(summary["utilization"])
+        return
+    for prefix in ("", "prefill_", "decode_"):
+        assert 0 <= summary[f"{prefix}utilization"] <= 1, prefix
+    series = plots.occupancy_series(frame)
+    assert series["prefill_occupancy"].max() <= slots[0]
+    assert series["decode_occupancy"].max() <= slots[1]
+    stays = (frame["finish_time_us"] - frame["arrival_time_us"]).clip(lower=0).sum()
+    in_system = summary["mean_queue_length"] + summary["mean_active_requests"]
+    assert in_system == pytest.approx(float(stays) / (end - start), rel=1e-9, abs=1e-12)

@@ -335,7 +335,7 @@ def test_vllm_streams_end_with_a_usage_chunk_and_usage_wins_over_chunks() -> Non
         (httpx.Response(200, content=b"data: {not json\n\n"), "JSONDecodeError"),
         (
             httpx.Response(200, content=_sse(_choice(" a"), done=False)),
-            "ended after 1 tokens with neither a finish_reason nor [DONE]",
+            "ended after 1 token with neither a finish_reason nor [DONE]",
         ),
     ],
 )

@@ -51,7 +51,7 @@ def test_a_matched_cached_block_stops_being_evictable() -> None:
     assert pool.needed(chain("p", "q"), 2) == 2  # both must leave the LRU list
     again = pool.acquire(chain("p", "q"), 2, 1)
     assert (pool.cached_blocks, pool.free_blocks, pool.available_blocks) == (0, 0, 0)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(ValueError, match="1 new block does not fit: 0 available"):
         pool.grow(again)
     with pytest.raises(ValueError, match="do not fit"):
         pool.acquire(("r",), 0, 1)
@@ -59,7 +59,7 @@ def test_a_matched_cached_block_stops_being_evictable() -> None:
 
 def test_bad_calls_change_nothing() -> None:
     pool = PrefixCache(2)
-    with pytest.raises(ValueError, match="only 0 of the 1 blocks are held"):
+    with pytest.raises(ValueError, match="only 0 of the 1 block is held"):
         pool.acquire(("a",), 1, 0)
     with pytest.raises(ValueError, match="do not fit"):
         pool.acquire(("a",), 0, 3)

@@ -47,6 +47,7 @@ from simsim.errors import (
 )
 from simsim.records import EventLog, EventType
 from simsim.request import Request, RequestState
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,7 +159,7 @@ class Cluster:
     """
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {len(self._replicas)} replicas>"
+        return f"<{type(self).__name__} of {counted(len(self._replicas), 'replica')}>"
 
     def __init__(
         self,
@@ -192,7 +193,8 @@ class Cluster:
                 )
             if engine.requests:
                 raise ValueError(
-                    f"{name}[{index}] already has {len(engine.requests)} submitted requests; "
+                    f"{name}[{index}] already has "
+                    f"{counted(len(engine.requests), 'submitted request')}; "
                     "a replica must be new, and requests submitted through the cluster only"
                 )
             if engine._cluster is not None:

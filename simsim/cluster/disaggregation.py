@@ -220,7 +220,9 @@ class DisaggregatedCluster(Cluster):
         there), ``handoff_time_us`` (when it left its prefill replica),
         ``decode_admit_time_us`` (its first admission on the decode replica, where its
         transfer started, completed or not), ``transfer_start_us``, ``transfer_end_us``
-        and ``transfer_us`` (of the transfer that completed, ``<NA>`` otherwise)."""
+        and ``transfer_us`` (of the transfer that completed, ``<NA>`` otherwise), and
+        ``decode_queue_delay_us`` (decode admission - hand-off: how long it queued on
+        its decode replica; ``<NA>`` if it was never admitted there)."""
         import pandas as pd
 
         frame = self._base_frame()
@@ -255,6 +257,8 @@ class DisaggregatedCluster(Cluster):
         frame["transfer_start_us"] = pd.array(starts, dtype="Int64")
         frame["transfer_end_us"] = pd.array(ends, dtype="Int64")
         frame["transfer_us"] = frame["transfer_end_us"] - frame["transfer_start_us"]
+        # The second queue of a request's path; summarize reports it beside queue_delay_us.
+        frame["decode_queue_delay_us"] = frame["decode_admit_time_us"] - frame["handoff_time_us"]
         return frame
 
     def transfers_frame(self) -> pd.DataFrame:

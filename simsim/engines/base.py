@@ -53,6 +53,7 @@ from simsim.scheduler import (
     Scheduler,
     SchedulerStats,
 )
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -392,7 +393,8 @@ class EngineBase(ABC):
         if not fresh and not request.is_pristine:
             raise ValueError(
                 f"request {rid} is not pristine (state {request.state.name}, "
-                f"{request.generated_token_count} tokens, admit={request.admit_time_us}, "
+                f"{counted(request.generated_token_count, 'token')}, "
+                f"admit={request.admit_time_us}, "
                 f"prefill_end={request.prefill_end_time_us}, "
                 f"first_token={request.first_token_time_us}, finish={request.finish_time_us}); "
                 "submit a new WAITING request with no tokens and no timestamps"

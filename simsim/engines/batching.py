@@ -44,6 +44,7 @@ from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
 from simsim.scheduler import AdmissionDecision, Scheduler
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -769,7 +770,8 @@ class BatchingEngine(EngineBase):
             left = request.max_output_tokens - request.generated_token_count - 1
             if left > (MAX_TIME_US - end) // floor:
                 raise OverflowError(
-                    f"request {request.request_id}: {left} more output tokens (max_output_tokens "
+                    f"request {request.request_id}: {counted(left, 'more output token')} "
+                    "(max_output_tokens "
                     f"{request.max_output_tokens}) at no less than {floor} us per iteration "
                     f"({self._decode_floor_what}) would end past the "
                     f"64-bit limit 2**63 - 1 (its first decode iteration ends at {end} us)"

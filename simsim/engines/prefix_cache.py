@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from simsim.clock import check_count
+from simsim.wording import counted
 
 __all__ = ["BlockTable", "PrefixCache"]
 
@@ -121,10 +122,13 @@ class PrefixCache:
         """
         extra_blocks = check_count(extra_blocks, "extra_blocks")
         if self.match(keys, matched) != matched:
-            raise ValueError(f"only {self.match(keys, matched)} of the {matched} blocks are held")
+            raise ValueError(
+                f"only {self.match(keys, matched)} of the {counted(matched, 'block')} "
+                f"{'is' if matched == 1 else 'are'} held"
+            )
         if self.needed(keys, matched) + extra_blocks > self.available_blocks:
             raise ValueError(
-                f"{matched} shared and {extra_blocks} new blocks do not fit: "
+                f"{matched} shared and {counted(extra_blocks, 'new block')} do not fit: "
                 f"{self.available_blocks} available"
             )
         table = BlockTable()
@@ -142,7 +146,10 @@ class PrefixCache:
         """Give *table* *blocks* more anonymous blocks (``ValueError`` if unavailable)."""
         blocks = check_count(blocks, "blocks")
         if blocks > self.available_blocks:
-            raise ValueError(f"{blocks} new blocks do not fit: {self.available_blocks} available")
+            raise ValueError(
+                f"{counted(blocks, 'new block')} {'does' if blocks == 1 else 'do'} not fit: "
+                f"{self.available_blocks} available"
+            )
         self._take(blocks)
         table.anonymous += blocks
 

@@ -33,6 +33,7 @@ from simsim.errors import InvalidTransitionError
 from simsim.records import EventType
 from simsim.request import Request, RequestState
 from simsim.scheduler import Scheduler
+from simsim.wording import counted
 
 __all__ = ["SimulationEngine"]
 
@@ -113,7 +114,7 @@ class SimulationEngine(EngineBase):
             if self._steps_grow and now + cost * tokens > MAX_TIME_US:
                 # Refuse now rather than step towards an overflow token by token.
                 raise OverflowError(
-                    f"request {request.request_id}: {tokens} output tokens "
+                    f"request {request.request_id}: {counted(tokens, 'output token')} "
                     f"(max_output_tokens) at {cost} us per decode step from {now} us "
                     f"would finish at {now + cost * tokens} us, past the 64-bit limit "
                     "2**63 - 1"

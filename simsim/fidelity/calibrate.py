@@ -31,6 +31,7 @@ import pandas as pd
 
 from simsim.backend import FittedBackendConfig
 from simsim.fidelity.fit import LinearFit, fit_nonnegative
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     from simsim.scenario import Scenario
@@ -433,10 +434,10 @@ class Calibration:
             "",
             f"decode fit:  R^2 = {self.decode_fit.r_squared:.4f}, largest residual "
             f"{_largest_residual(self.decode_fit)} of the observation, over "
-            f"{_count(len(self.decode_fit.observed), 'observation')}",
+            f"{counted(len(self.decode_fit.observed), 'observation')}",
             f"prefill fit: R^2 = {self.prefill_fit.r_squared:.4f}, largest residual "
             f"{_largest_residual(self.prefill_fit)} of the observation, over "
-            f"{_count(len(self.prefill_fit.observed), 'probe')}",
+            f"{counted(len(self.prefill_fit.observed), 'probe')}",
             "(R^2 is near 0 when the observations hardly vary: then read the residuals)",
             "",
             "[backend] kind = fitted",
@@ -476,7 +477,7 @@ def fit_backend(
         )
     failed = int((probes["error"] != "").sum())
     why = (
-        f"{failed} of {len(probes)} probe requests failed (see their error column)"
+        f"{failed} of {counted(len(probes), 'probe request')} failed (see their error column)"
         if failed
         else "the probes lack error-free requests of more than "
         f"{GAP_WINDOW} tokens (raise the output lengths)"
@@ -484,10 +485,12 @@ def fit_backend(
     probe_decode = decode_observations(probes)  # also what the summary shows
     if decode is None:
         decode = probe_decode
-    elif failed == len(probes):
-        why = f"every one of the {failed} probe requests failed (see their error column)"
+    elif failed == len(probes) > 1:
+        why = f"every one of the {counted(failed, 'probe request')} failed (see their error column)"
+    elif failed == len(probes) == 1:
+        why = "the one probe request failed (see its error column)"
     if len(decode) < 2:
-        raise ValueError(f"{_count(len(decode), 'decode observation')}: {why}")
+        raise ValueError(f"{counted(len(decode), 'decode observation')}: {why}")
     decode_columns: dict[str, Any] = {"decode_base_us": np.ones(len(decode))}
     if batching:
         decode_columns["decode_per_sequence_us"] = decode["concurrency"].to_numpy(float)
@@ -499,8 +502,8 @@ def fit_backend(
     if lengths < 2:
         hint = why if prefill.empty else "probe more prompt lengths"
         raise ValueError(
-            f"{_count(len(prefill), 'probe')} with a first token, at "
-            f"{_count(lengths, 'prompt length')}: at least two prompt lengths are needed to "
+            f"{counted(len(prefill), 'probe')} with a first token, at "
+            f"{counted(lengths, 'prompt length')}: at least two prompt lengths are needed to "
             f"see how the prefill grows with the prompt ({hint})"
         )
     n = prefill["concurrency"].to_numpy(float)
@@ -590,10 +593,6 @@ def _largest_residual(fit: LinearFit) -> str:
         if observed
     ]
     return f"{100 * max(shares):.1f}%" if shares else "-"
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def _spread(values: np.ndarray) -> float:

@@ -44,6 +44,7 @@ import pandas as pd
 
 from simsim.results import REQUEST_COLUMNS, _check_percentiles, percentile_label
 from simsim.run_folder import RunFolder, read_run_folder
+from simsim.wording import counted
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -135,14 +136,15 @@ class Comparison:
         a, b = self.labels
         counts = self.request_counts
         lines = [
-            f"A (reference): {a}, {counts['a']} requests",
-            f"B:             {b}, {counts['b']} requests",
+            f"A (reference): {a}, {counted(counts['a'], 'request')}",
+            f"B:             {b}, {counted(counts['b'], 'request')}",
             f"matched by request_id: {counts['matched']} "
             f"({counts['only_a']} only in A, {counts['only_b']} only in B)",
         ]
         if counts.get("different_sizes"):
             lines.append(
-                f"WARNING: {counts['different_sizes']} matched requests differ in prompt or "
+                f"WARNING: {counted(counts['different_sizes'], 'matched request')} "
+                f"{'differs' if counts['different_sizes'] == 1 else 'differ'} in prompt or "
                 "output length: these runs are not of the same workload"
             )
         lines += [
@@ -531,7 +533,7 @@ def draw_comparison_cdfs(comparison: Comparison) -> Figure:
                 np.concatenate([[0.0], fraction]),
                 where="post",
                 linestyle=style,
-                label=f"{side.upper()}: {name} ({len(values_ms)} requests)",
+                label=f"{side.upper()}: {name} ({counted(len(values_ms), 'request')})",
             )
             drawn = True
         if drawn:
@@ -568,7 +570,7 @@ def draw_comparison_scatter(comparison: Comparison) -> Figure:
         low = float(min(x.min(), y.min()))
         high = float(max(x.max(), y.max()))
         ax.plot([low, high], [low, high], color="0.4", linewidth=1, label="y = x")
-        ax.scatter(x, y, s=10, alpha=0.6, label=f"{len(x)} requests")
+        ax.scatter(x, y, s=10, alpha=0.6, label=counted(len(x), "request"))
         row = comparison.errors.to_dict("index")[metric]
         ax.legend(
             loc="upper left",

@@ -27,6 +27,7 @@ import pandas as pd
 from simsim.request import Request, RequestState
 from simsim.results import requests_frame, summarize
 from simsim.run_folder import MEASURED_REQUEST_DTYPES, Format, write_run_folder
+from simsim.wording import counted
 
 __all__ = [
     "FAILED",
@@ -123,7 +124,8 @@ class RequestRecord:
         if got == self.max_output_tokens:
             return None
         return (
-            f"the server generated {got} of the {self.max_output_tokens} tokens asked for "
+            f"the server generated {got} of the {counted(self.max_output_tokens, 'token')} "
+            "asked for "
             f"(finish_reason {result.finish_reason!r}); pass ignore_eos/min_tokens or ban "
             "end-of-sequence tokens, and keep prompt + output within the server's context"
         )

@@ -45,6 +45,7 @@ from simsim.fidelity.measured import (
 )
 from simsim.scenario import Scenario, ScenarioError
 from simsim.scenario.model import RequestSpec
+from simsim.wording import counted
 from simsim.workloads import ClosedLoopWorkload
 
 __all__ = [
@@ -332,7 +333,7 @@ async def stream_completion(
     end_ns = time.perf_counter_ns()
     if not cancelled and stream.error is None and not (stream.done or stream.finish_reason):
         stream.error = (
-            f"the stream ended after {len(stream.token_ns)} tokens with neither a "
+            f"the stream ended after {counted(len(stream.token_ns), 'token')} with neither a "
             "finish_reason nor [DONE]"
         )
     return StreamedCompletion(
@@ -627,7 +628,7 @@ def replay_report(run: MeasuredRun) -> str:
     sent = int(requests["send_lag_us"].notna().sum())
     lines = [
         f"replayed {run.scenario!r} against {run.measured['url']} (model "
-        f"{run.measured['model']!r}): {sent} of {len(requests)} requests sent, "
+        f"{run.measured['model']!r}): {sent} of {counted(len(requests), 'request')} sent, "
         f"{states.get('FINISHED', 0)} finished, {states.get('CANCELLED', 0)} cancelled, "
         f"{states.get(FAILED, 0)} failed"
     ]
@@ -641,13 +642,14 @@ def replay_report(run: MeasuredRun) -> str:
         values = requests[column].dropna().astype("float64")
         if len(values):
             cells = ", ".join(f"p{q} {_ms(values.quantile(q / 100))}" for q in (50, 90, 99))
-            lines.append(f"{label:<14}{cells} (measured, {len(values)} requests)")
+            lines.append(f"{label:<14}{cells} (measured, {counted(len(values), 'request')})")
     usage = requests["usage_completion_tokens"]
     mismatched = int(((usage != requests["chunk_token_count"]) & usage.notna()).sum())
     if mismatched:
         lines.append(
-            f"tokens        {mismatched} requests had a usage count that differs from "
-            "their chunk count (generated_token_count follows usage; see chunk_token_count)"
+            f"tokens        {counted(mismatched, 'request')} had a usage count that differs "
+            f"from {'its' if mismatched == 1 else 'their'} chunk count "
+            "(generated_token_count follows usage; see chunk_token_count)"
         )
     prompt_usage = requests["usage_prompt_tokens"]
     prompt_off = int(

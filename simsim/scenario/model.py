@@ -23,6 +23,7 @@ from simsim.request import Request
 from simsim.scenario.checker import ScenarioError
 from simsim.scheduler import Scheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
+from simsim.wording import counted
 from simsim.workloads import (
     ClassMix,
     ClosedLoopWorkload,
@@ -225,9 +226,7 @@ class ClusterSpec:
     def describe(self) -> str:
         """A short description for reports: ``4 replicas, router least_outstanding``."""
         if self.pool is not None:
-            count = self.pool.replicas
-            noun = "replica" if count == 1 else "replicas"
-            return f"{count} {noun}, router {self.pool.router}"
+            return f"{counted(self.pool.replicas, 'replica')}, router {self.pool.router}"
         assert self.prefill is not None and self.decode is not None
         return (
             f"{self.prefill.replicas} prefill + {self.decode.replicas} decode replicas, "
