@@ -210,6 +210,17 @@ def test_huge_closed_loop_user_count_is_refused(
     assert_names(line, f"{path}: workload.users: ", "limit of 10,000,000")
 
 
+@pytest.mark.parametrize("replicas", ["100000000", "-3"])
+def test_replica_counts_no_fleet_has_are_refused_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], replicas: str
+) -> None:
+    # Once: a minute and gigabytes for 10**6, no answer at all for 10**8.
+    path = write(tmp_path, BACKEND + ONE_REQUEST + f"[cluster]\nreplicas = {replicas}\n")
+    line = one_line_error(capsys, "validate", str(path))
+    rule = "must be >= 1, got -3" if replicas == "-3" else "must be at most 10,000 per pool"
+    assert_names(line, f"{path}: cluster.replicas: {rule}")
+
+
 def test_lognormal_cv_past_float_range_is_refused_not_a_negative_count(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

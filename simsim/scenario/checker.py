@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from simsim.clock import MAX_TIME_US
 from simsim.traces import TraceError
 
-__all__ = ["ScenarioError", "TomlChecker", "from_trace_error", "make", "read_toml"]
+__all__ = ["ScenarioError", "TomlChecker", "from_trace_error", "limited", "make", "read_toml"]
 
 
 class ScenarioError(ValueError):
@@ -81,6 +81,15 @@ def make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **
         raise check.fail(at, str(error)) from None
 
 
+def limited(check: TomlChecker, at: str, name: str, limit: Callable[[int], int], value: int) -> int:
+    """``limit(value)``, a Python-side rule (such as a cap on a count), whose
+    ``ValueError`` ("*name* must be at most ...") is reported at *at* without its name."""
+    try:
+        return limit(value)
+    except ValueError as error:
+        raise check.fail(at, str(error).removeprefix(f"{name} ")) from None
+
+
 class TomlChecker:
     """Typed look-ups into parsed TOML that raise :class:`ScenarioError` on bad input."""
 
@@ -126,14 +135,26 @@ class TomlChecker:
             raise self.fail(_join(where, key), "missing required key")
         return default
 
-    def integer(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+    def integer(
+        self,
+        table: Mapping[str, Any],
+        key: str,
+        where: str,
+        default: Any = None,
+        *,
+        minimum: int = 0,
+    ) -> int:
+        """A whole number from *minimum* to ``2**63 - 1``: a count, a size, an id."""
         value = self._get(table, key, where, _REQUIRED if default is None else default)
+        at = _join(where, key)
         if type(value) is not int:
-            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
-        if value < 0:
-            raise self.fail(_join(where, key), f"must be >= 0, got {value}")
+            raise self.fail(
+                at, f"must be an integer, got {_kind(value)} {value!r}{_spelling(value)}"
+            )
+        if value < minimum:
+            raise self.fail(at, f"must be >= {minimum}, got {value}")
         if value > MAX_TIME_US:
-            raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
+            raise self.fail(at, f"must be at most 2**63 - 1, got {value}")
         return value
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
@@ -163,7 +184,10 @@ class TomlChecker:
         """An integer that may be negative (a priority), within the signed 64-bit range."""
         value = self._get(table, key, where, default)
         if type(value) is not int:
-            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
+            raise self.fail(
+                _join(where, key),
+                f"must be an integer, got {_kind(value)} {value!r}{_spelling(value)}",
+            )
         if not -MAX_TIME_US - 1 <= value <= MAX_TIME_US:
             raise self.fail(_join(where, key), f"must fit in 64 bits, got {value}")
         return value
@@ -188,7 +212,8 @@ class TomlChecker:
         if type(value) is not int:
             raise self.fail(
                 _join(where, key),
-                f"must be an integer number of microseconds, got {_kind(value)} {value!r}",
+                f"must be an integer number of microseconds, got {_kind(value)} {value!r}"
+                f"{_spelling(value)}",
             )
         if value < 0:
             raise self.fail(_join(where, key), f"must be >= 0 microseconds, got {value}")
@@ -207,8 +232,10 @@ class TomlChecker:
     def optional_number(self, table: Mapping[str, Any], key: str, where: str) -> float | None:
         return None if key not in table else self.number(table, key, where)
 
-    def optional_integer(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
-        return None if key not in table else self.integer(table, key, where)
+    def optional_integer(
+        self, table: Mapping[str, Any], key: str, where: str, *, minimum: int = 0
+    ) -> int | None:
+        return None if key not in table else self.integer(table, key, where, minimum=minimum)
 
     def optional_time(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
         return None if key not in table else self.time(table, key, where)
@@ -249,6 +276,18 @@ class TomlChecker:
 
 
 _REQUIRED: Any = object()
+
+
+def _spelling(value: object) -> str:
+    """How to write a whole float (``25e9``) as the TOML integer it means, for a message.
+
+    TOML keeps integers and floats apart, and so does simsim: a count or a time written
+    as a float is refused, with its integer spelling shown (past ``2**53`` a float no
+    longer holds every whole number exactly, so no spelling is guessed there).
+    """
+    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+        return f" (write {int(value):_}: whole numbers are TOML integers)"
+    return ""
 
 
 def _join(where: str, key: str) -> str:

@@ -15,7 +15,7 @@ from simsim.backend import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
-from simsim.clock import Environment
+from simsim.clock import Environment, check_count
 from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, Router, make_router
 from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
 from simsim.engines.base import EngineBase
@@ -34,6 +34,7 @@ from simsim.workloads import (
 __all__ = [
     "ENGINES",
     "ENGINE_BUILDERS",
+    "MAX_REPLICAS",
     "SCHEDULERS",
     "SCHEDULER_OPTIONS",
     "BatchingSpec",
@@ -45,6 +46,7 @@ __all__ = [
     "Scenario",
     "Server",
     "Workload",
+    "check_replicas",
 ]
 
 SCHEDULER_OPTIONS: Mapping[str, tuple[str, ...]] = {
@@ -162,6 +164,26 @@ SEEDED_ROUTERS = ("random", "power_of_two")
 _SEED_LIMIT = 2**63
 """Router seeds, like scenario seeds, are below this."""
 
+MAX_REPLICAS = 10_000
+"""The most replicas one pool of a scenario's cluster may have.
+
+Each replica is a whole server, built before the first request is checked: a million
+take a minute and gigabytes. Real fleets are far smaller, so a larger count is refused
+before anything is built.
+"""
+
+
+def check_replicas(value: object) -> int:
+    """*value* as a pool's replica count: an ``int`` from 1 to :data:`MAX_REPLICAS`
+    (``ValueError`` otherwise, ``TypeError`` for a non-integer)."""
+    replicas = check_count(value, "replicas", minimum=1)
+    if replicas > MAX_REPLICAS:
+        raise ValueError(
+            f"replicas must be at most {MAX_REPLICAS:,} per pool (each replica is a whole "
+            f"server, built before the run), got {replicas:,}"
+        )
+    return replicas
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
@@ -179,6 +201,9 @@ class PoolSpec:
     seed: int | None = None
     weights: tuple[tuple[str, float], ...] | None = None
     batching: BatchingSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicas", check_replicas(self.replicas))
 
     def make_router(self, scenario_seed: int) -> Router:
         """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""

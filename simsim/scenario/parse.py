@@ -22,7 +22,7 @@ from simsim.clock import Environment
 from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
-from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
+from simsim.scenario.checker import ScenarioError, TomlChecker, limited, make, read_toml
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
     SCHEDULER_OPTIONS,
@@ -34,6 +34,7 @@ from simsim.scenario.model import (
     PoolSpec,
     RequestSpec,
     Scenario,
+    check_replicas,
 )
 from simsim.scenario.trace_table import parse_trace
 from simsim.scenario.workload_table import METADATA_KEYS, parse_metadata, parse_workload
@@ -326,7 +327,7 @@ def _parse_admission(
             Limit,
             max_queued=check.optional_integer(row, "max_queued", where),
             rate_per_s=check.optional_number(row, "rate_per_s", where),
-            burst=check.integer(row, "burst", where, default=1),
+            burst=check.integer(row, "burst", where, default=1, minimum=1),
         )
     return make(check, "admission", AdmissionControl, limits, key=key)
 
@@ -438,8 +439,8 @@ def _parse_batching(
             check,
             "kv_cache",
             KvCacheConfig,
-            check.integer(kv_table, "block_size_tokens", "kv_cache"),
-            check.integer(kv_table, "total_blocks", "kv_cache"),
+            check.integer(kv_table, "block_size_tokens", "kv_cache", minimum=1),
+            check.integer(kv_table, "total_blocks", "kv_cache", minimum=1),
         )
     prefix_cache = False
     if "prefix_cache" in data:
@@ -451,8 +452,8 @@ def _parse_batching(
                 "prefix_cache", "needs [kv_cache]: the cache shares and keeps its KV blocks"
             )
     spec = BatchingSpec(
-        max_active_requests=check.integer(table, "max_active_requests", "batching"),
-        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching"),
+        max_active_requests=check.integer(table, "max_active_requests", "batching", minimum=1),
+        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching", minimum=1),
         policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
@@ -509,9 +510,11 @@ def _parse_cluster(
         check,
         "cluster.transfer",
         KvTransferConfig,
-        kv_bytes_per_token=check.integer(transfer_table, "kv_bytes_per_token", "cluster.transfer"),
+        kv_bytes_per_token=check.integer(
+            transfer_table, "kv_bytes_per_token", "cluster.transfer", minimum=1
+        ),
         bandwidth_bytes_per_s=check.integer(
-            transfer_table, "bandwidth_bytes_per_s", "cluster.transfer"
+            transfer_table, "bandwidth_bytes_per_s", "cluster.transfer", minimum=1
         ),
         base_us=check.time(transfer_table, "base_us", "cluster.transfer", default=0),
     )
@@ -530,9 +533,13 @@ def _parse_pool(
 ) -> PoolSpec:
     """A pool's replica count, router and router options (its keys already checked);
     with *batching* (a disaggregated pool), also its overrides of the batching server."""
-    replicas = check.integer(table, "replicas", where)
-    if replicas < 1:
-        raise check.fail(f"{where}.replicas", f"must be at least 1, got {replicas}")
+    replicas = limited(
+        check,
+        f"{where}.replicas",
+        "replicas",
+        check_replicas,
+        check.integer(table, "replicas", where, minimum=1),
+    )
     name = where.rpartition(".")[2]
     router = check.choice(table, "router", where, tuple(ROUTERS), default=_DEFAULT_ROUTERS[name])
     seed = None
@@ -578,15 +585,15 @@ def _pool_batching(
             f"{where}.total_blocks",
             KvCacheConfig,
             kv_cache.block_size_tokens,
-            check.integer(table, "total_blocks", where),
+            check.integer(table, "total_blocks", where, minimum=1),
         )
     spec = replace(
         batching,
         max_active_requests=check.integer(
-            table, "max_active_requests", where, default=batching.max_active_requests
+            table, "max_active_requests", where, default=batching.max_active_requests, minimum=1
         ),
         max_batch_tokens=(
-            check.integer(table, "max_batch_tokens", where)
+            check.integer(table, "max_batch_tokens", where, minimum=1)
             if "max_batch_tokens" in table
             else batching.max_batch_tokens
         ),

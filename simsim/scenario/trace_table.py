@@ -71,7 +71,7 @@ def parse_trace(
             requests = read_mooncake_trace(
                 path,
                 block_size_tokens=check.integer(
-                    table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE
+                    table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE, minimum=1
                 ),
                 time_scale=time_scale,
                 first_request_id=first,
