@@ -197,7 +197,9 @@ def test_huge_count_is_refused_before_allocating(
     )
     line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
     assert_names(
-        line, f"{path}: workload.count: 99,999,999,999 is more than the limit of 10,000,000"
+        line,
+        f"{path}: workload.count: must be at most 10,000,000 (every request is held in memory, "
+        "about 1 GB per million), got 99,999,999,999",
     )
 
 
@@ -207,7 +209,32 @@ def test_huge_closed_loop_user_count_is_refused(
     body = "kind = 'closed_loop'\nusers = 99999999999\nhorizon_us = 10\nthink_time_us = 0\n"
     path = write(tmp_path, workload(body + "prompt_tokens = 1\noutput_tokens = 1"))
     line = one_line_error(capsys, "validate", str(path))
-    assert_names(line, f"{path}: workload.users: ", "limit of 10,000,000")
+    assert_names(line, f"{path}: workload.users: must be at most 10,000,000")
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ("count = 0\nrate_per_s = 1.0\n", "workload.count"),
+        (
+            "total = 0\n[[workload.classes]]\nname = 'chat'\nrate_per_s = 1.0\n",
+            "workload.total",
+        ),
+        (
+            "[[workload.classes]]\nname = 'chat'\ncount = 0\nrate_per_s = 1.0\n",
+            "workload.classes[0] (chat).count",
+        ),
+        ("kind = 'closed_loop'\nusers = 0\nhorizon_us = 10\nthink_time_us = 0\n", "workload.users"),
+    ],
+)
+def test_a_workload_of_no_request_is_refused_one_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, key: str
+) -> None:
+    # count = 0 and total = 0 used to run and print "requests 0 ()"; users = 0 was refused.
+    path = write(tmp_path, workload(body + "prompt_tokens = 1\noutput_tokens = 1"))
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == f"simsim: error: {path}: {key}: must be >= 1, got 0"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("replicas", ["100000000", "-3"])

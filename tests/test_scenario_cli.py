@@ -275,7 +275,7 @@ BAD_SCENARIOS = [
     pytest.param(
         WORKLOAD.replace("count = 3", "count = -1"),
         "workload.count",
-        "must be >= 0, got -1",
+        "must be >= 1, got -1",
         id="negative-count",
     ),
     pytest.param(
