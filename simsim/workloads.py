@@ -39,6 +39,7 @@ import numpy.typing as npt
 import simpy
 
 from simsim.clock import MAX_TIME_US, Environment, check_count, check_time_us
+from simsim.engines.batching import KvCacheConfig
 from simsim.request import Request
 from simsim.traces import TraceError, TracePath, parse_count, parse_weight, read_table
 
@@ -621,11 +622,17 @@ class SharedPrefixes:
     prefix's full blocks ``("g<k>", i)`` (shared by the whole group), then blocks of its
     own ``("r<request_id>", i)``. The block holding the end of the prefix and the start
     of the request's own tokens is the request's own.
+
+    With ``total_blocks`` (the KV cache's size), a request whose prompt and output limit
+    need more blocks than the whole cache could never run: it is refused
+    (``ValueError`` naming it) before a single block hash is made, since a prompt that
+    large would cost one hash per block first.
     """
 
     lengths: Sequence[int]
     block_size_tokens: int
     weights: Sequence[float] | None = None
+    total_blocks: int | None = None
 
     def __post_init__(self) -> None:
         lengths = tuple(check_count(length, "shared prefix length") for length in self.lengths)
@@ -645,26 +652,41 @@ class SharedPrefixes:
                     f"with a positive sum, got {list(self.weights)}"
                 )
             _set(self, "weights", weights)
+        if self.total_blocks is not None:
+            _set(self, "total_blocks", check_count(self.total_blocks, "total_blocks", minimum=1))
 
     def apply(
-        self, rng: np.random.Generator, request_ids: Sequence[int], prompts: Sequence[int]
+        self,
+        rng: np.random.Generator,
+        request_ids: Sequence[int],
+        prompts: Sequence[int],
+        outputs: Sequence[int] | None = None,
     ) -> tuple[list[int], list[tuple[tuple[str, int], ...]]]:
-        """Each request's full prompt length and block hashes, its group drawn from *rng*."""
+        """Each request's full prompt length and block hashes, its group drawn from *rng*.
+
+        With ``total_blocks``, every request (its full prompt and its output limit from
+        *outputs*, 0 without) is checked against the cache before any hash is made.
+        """
         weights = None
         if self.weights is not None:
             total = sum(self.weights)
             weights = [w / total for w in self.weights]
         groups = rng.choice(len(self.lengths), size=len(prompts), p=weights).tolist()
+        full_prompts = [
+            self.lengths[group] + own for own, group in zip(prompts, groups, strict=True)
+        ]
+        if self.total_blocks is not None:
+            # Every size first: a request that cannot fit is refused before any hash.
+            cache = KvCacheConfig(self.block_size_tokens, self.total_blocks)
+            limits = [0] * len(full_prompts) if outputs is None else outputs
+            for rid, total_tokens, output in zip(request_ids, full_prompts, limits, strict=True):
+                cache.check_fits(rid, total_tokens, output)
         block = self.block_size_tokens
-        full_prompts: list[int] = []
         hashes: list[tuple[tuple[str, int], ...]] = []
-        for rid, own, group in zip(request_ids, prompts, groups, strict=True):
-            prefix = self.lengths[group]
-            total_tokens = prefix + own
-            shared = prefix // block
+        for rid, total_tokens, group in zip(request_ids, full_prompts, groups, strict=True):
+            shared = self.lengths[group] // block
             keys = [(f"g{group}", i) for i in range(shared)]
             keys += [(f"r{rid}", i) for i in range(shared, total_tokens // block)]
-            full_prompts.append(total_tokens)
             hashes.append(tuple(keys))
         return full_prompts, hashes
 
@@ -747,7 +769,7 @@ class OpenLoopWorkload:
             group_seq = np.random.SeedSequence(seed).spawn(5)[4]
             ids = [first + i for i in range(count)]
             full, hashes = self.shared_prefixes.apply(
-                np.random.default_rng(group_seq), ids, prompts.tolist()
+                np.random.default_rng(group_seq), ids, prompts.tolist(), outputs.tolist()
             )
             requests = tuple(
                 Request(rid, arrival, prompt, output, block_hashes=keys)

@@ -18,7 +18,7 @@ from simsim import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
-from simsim.scenario import ScenarioError, load_scenario, run_scenario
+from simsim.scenario import ScenarioError, check_scenario, load_scenario, run_scenario
 
 COSTS = SimulatedBackendConfig(prefill_base_us=100, prefill_per_token_us=10, decode_base_us=50)
 
@@ -355,6 +355,31 @@ def test_shared_prefixes_put_a_group_prefix_in_front_of_every_prompt() -> None:
         SharedPrefixes([], block_size_tokens=4)
 
 
+def test_shared_prefixes_refuse_a_request_that_could_never_fit_before_any_hash() -> None:
+    from simsim.workloads import Fixed, OpenLoopWorkload, PoissonArrivals, SharedPrefixes
+
+    prefixes = SharedPrefixes([64], block_size_tokens=16, total_blocks=10)
+    # 64 + 90 prompt and 6 output tokens: exactly the 10 blocks of the cache.
+    fits = OpenLoopWorkload(PoissonArrivals(1.0), Fixed(90), Fixed(6), 3, shared_prefixes=prefixes)
+    assert [len(r.block_hashes or ()) for r in fits.generate(0).requests] == [9, 9, 9]
+    # One more output token: the engine would refuse it at submit; refused at generation,
+    # with the engine's own words, before one block hash exists.
+    grown = OpenLoopWorkload(
+        PoissonArrivals(1.0), Fixed(90), Fixed(7), 3, first_request_id=5, shared_prefixes=prefixes
+    )
+    engine_says = "needs 11 KV blocks for its 154 prompt and 7 output tokens, more than the whole "
+    engine_says += "cache (10 blocks of 16 tokens); it could never run"
+    with pytest.raises(ValueError, match=rf"^request 5 {re.escape(engine_says)}$"):
+        grown.generate(0)
+    server = BatchingEngine(
+        SimulatedBackend(COSTS), max_active_requests=1, kv_cache=KvCacheConfig(16, 10)
+    )
+    with pytest.raises(ValueError, match=rf"^request 5 {re.escape(engine_says)}$"):
+        server.submit(Request(5, 0, 154, 7))
+    with pytest.raises(ValueError, match="total_blocks must be >= 1, got 0"):
+        SharedPrefixes([64], block_size_tokens=16, total_blocks=0)
+
+
 WORKLOAD = """
 [scenario]
 engine = "batching"
@@ -404,6 +429,62 @@ def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
     path.write_text(WORKLOAD.replace("lengths = [1024, 512]", "lengths = []"), encoding="utf-8")
     with pytest.raises(ScenarioError, match=r"shared_prefixes\.lengths: must be a non-empty"):
         load_scenario(path)
+    # A KV cache alone shares nothing: the hashes would be made and silently ignored.
+    path.write_text(WORKLOAD.replace("[prefix_cache]\nenabled = true\n", ""), encoding="utf-8")
+    with pytest.raises(
+        ScenarioError,
+        match=r"workload\.shared_prefixes: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]",
+    ):
+        load_scenario(path)
+
+
+def test_a_shared_prefix_prompt_too_big_for_the_cache_is_refused_before_generation(
+    tmp_path: Path,
+) -> None:
+    # Once: 8.5 s and 1.35 GB of block hashes for 60 requests, then the engine's refusal.
+    path = tmp_path / "w.toml"
+    path.write_text(
+        WORKLOAD.replace('{ distribution = "uniform", low = 16, high = 256 }', "2_000_000"),
+        encoding="utf-8",
+    )
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(path)  # its generated requests are made when it is loaded
+    assert raised.value.key == "workload"
+    assert re.fullmatch(
+        r"request 0 needs \d+ KV blocks for its 200(1024|0512) prompt and \d+ output tokens, more "
+        r"than the whole cache \(2000 blocks of 16 tokens\); it could never run",
+        raised.value.rule,
+    )
+
+
+def test_the_size_check_before_generation_uses_the_largest_cache_of_a_cluster(
+    tmp_path: Path,
+) -> None:
+    # 1024 + 256 + 64 tokens need 84 blocks: more than [kv_cache]'s 80 (the prefill pool),
+    # fewer than the decode pool's 2000. The check before generation refuses only what no
+    # replica could hold; the replica that cannot is named by the engine's own check.
+    text = WORKLOAD.replace("total_blocks = 2000", "total_blocks = 80").replace(
+        '{ distribution = "uniform", low = 16, high = 256 }', "256"
+    )
+    text = text.replace("output_tokens = [8, 64]", "output_tokens = 64")
+    text = text.replace("lengths = [1024, 512], weights = [3, 1]", "lengths = [1024]")
+    text += """
+[cluster.prefill]
+replicas = 1
+[cluster.decode]
+replicas = 1
+total_blocks = 2000
+[cluster.transfer]
+kv_bytes_per_token = 1
+bandwidth_bytes_per_s = 1_000_000
+"""
+    path = tmp_path / "c.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ScenarioError) as raised:
+        check_scenario(load_scenario(path))
+    assert raised.value.key == "request 0"
+    assert raised.value.rule.endswith("(on replica 0)")
 
 
 # ---------------------------------------------------------------------- conversations
@@ -444,17 +525,19 @@ conversation = true
             shared = min(context // 16, (after.prompt_token_count - 1) // 16)
             assert after.cached_prompt_token_count == 16 * shared
         assert turns[0].cached_prompt_token_count == 0
-    path.write_text(
-        path.read_text(encoding="utf-8")
-        .replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "")
-        .replace("[prefix_cache]\nenabled = true\n", ""),
-        encoding="utf-8",
-    )
-    with pytest.raises(
-        ScenarioError,
-        match=r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\]",
+    text = path.read_text(encoding="utf-8").replace("[prefix_cache]\nenabled = true\n", "")
+    for without in (
+        text,
+        text.replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", ""),
     ):
-        load_scenario(path)
+        # Without a prefix cache nothing shares the turns' blocks (a KV cache alone neither).
+        path.write_text(without, encoding="utf-8")
+        with pytest.raises(
+            ScenarioError,
+            match=r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\] and "
+            r"\[prefix_cache\]",
+        ):
+            load_scenario(path)
 
 
 def test_the_iterations_figure_stacks_the_cached_blocks(tmp_path: Path) -> None:

@@ -188,15 +188,18 @@ def parse_scenario(
     if "trace" in data:
         specs.extend(parse_trace(check, check.table(data, "trace", "trace"), base_dir))
 
+    # The server before the workload: shared prefixes name its cache's blocks, and are
+    # checked against its size before a single block hash is made.
+    batching = _parse_batching(check, data, engine)
+    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+
     workload = None
     if "workload" in data:
-        kv = data.get("kv_cache")
-        block = kv.get("block_size_tokens") if isinstance(kv, dict) else None
         workload = parse_workload(
             check,
             check.table(data, "workload", "workload"),
             base_dir,
-            block if type(block) is int and block > 0 else None,
+            _shared_cache(batching, cluster),
         )
 
     if require_requests and not specs and workload is None:
@@ -204,8 +207,6 @@ def parse_scenario(
             source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
         )
 
-    batching = _parse_batching(check, data, engine)
-    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
     admission = _parse_admission(check, data, cluster) if "admission" in data else None
     if admission is not None:
         _check_limit_names(check, admission, specs, workload)
@@ -400,6 +401,23 @@ def _parse_backend(
         if value < 0:
             raise check.fail(f"backend.{key}", f"must be >= 0 microseconds, got {value!r}")
     return FittedBackendConfig(**values)
+
+
+def _shared_cache(
+    batching: BatchingSpec | None, cluster: ClusterSpec | None
+) -> KvCacheConfig | None:
+    """The KV cache whose blocks a workload's requests may share: the scenario's, with a
+    prefix cache (``None`` without one), at the size of the largest one any replica has,
+    so a request that fits none of them is refused before its hashes are made."""
+    if batching is None or not batching.prefix_cache or batching.kv_cache is None:
+        return None
+    pools = () if cluster is None else cluster.pools()
+    largest = max(
+        spec.kv_cache.total_blocks
+        for spec in (batching, *(pool.batching for pool in pools))
+        if spec is not None and spec.kv_cache is not None
+    )
+    return KvCacheConfig(batching.kv_cache.block_size_tokens, largest)
 
 
 def _check_trace_blocks(

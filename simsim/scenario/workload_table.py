@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from simsim.clock import MAX_TIME_US
+from simsim.engines import KvCacheConfig
 from simsim.scenario.checker import (
     ScenarioError,
     TomlChecker,
@@ -97,12 +98,14 @@ def parse_workload(
     check: TomlChecker,
     table: Mapping[str, Any],
     base_dir: Path | None,
-    block_size_tokens: int | None = None,
+    shared_cache: KvCacheConfig | None = None,
 ) -> Workload:
     """The workload of a ``[workload]`` table (open or closed loop).
 
-    *block_size_tokens* is the scenario's KV block size (``[kv_cache]``), which
-    ``shared_prefixes`` names its blocks in; without one, ``shared_prefixes`` is refused.
+    *shared_cache* is the scenario's KV cache when it has a prefix cache (``None``
+    otherwise): ``shared_prefixes`` and ``conversation`` name its blocks, and are refused
+    without one; a shared-prefix request that needs more blocks than it holds is
+    refused before any block hash is made.
     """
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
@@ -123,9 +126,7 @@ def parse_workload(
                 horizon_us=check.optional_time(table, "horizon_us", where),
                 first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
-                conversation_block_size_tokens=_conversation_blocks(
-                    check, table, block_size_tokens
-                ),
+                conversation_block_size_tokens=_conversation_blocks(check, table, shared_cache),
             )
             if per_user is not None:
                 _check_ids(check, first, users * per_user)
@@ -142,7 +143,7 @@ def parse_workload(
             patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
             first_request_id=first,
             start_us=check.time(table, "start_time_us", where, default=0),
-            shared_prefixes=_parse_shared_prefixes(check, table, block_size_tokens),
+            shared_prefixes=_parse_shared_prefixes(check, table, shared_cache),
         )
     except ScenarioError:
         raise
@@ -250,28 +251,29 @@ def _parse_class_mix(
 
 
 def _conversation_blocks(
-    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
 ) -> int | None:
-    """``conversation = true``: each user is a multi-turn conversation (needs [kv_cache])."""
+    """``conversation = true``: each user is a multi-turn conversation (needs a prefix
+    cache)."""
     if not check.boolean(table, "conversation", "workload", default=False):
         return None
-    if block_size_tokens is None:
+    if shared_cache is None:
         raise check.fail(
             "workload.conversation",
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: turns share its blocks',
         )
-    return block_size_tokens
+    return shared_cache.block_size_tokens
 
 
 def _parse_shared_prefixes(
-    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
 ) -> SharedPrefixes | None:
     if "shared_prefixes" not in table:
         return None
     where = "workload.shared_prefixes"
     prefixes = check.table(table, "shared_prefixes", where)
     check.keys(prefixes, _SHARED_PREFIX_KEYS, where)
-    if block_size_tokens is None:
+    if shared_cache is None:
         raise check.fail(
             where,
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: requests share its '
@@ -288,7 +290,9 @@ def _parse_shared_prefixes(
     ):
         raise check.fail(f"{where}.weights", f"must be an array of numbers, got {weights!r}")
     try:
-        return SharedPrefixes(lengths, block_size_tokens, weights)
+        return SharedPrefixes(
+            lengths, shared_cache.block_size_tokens, weights, shared_cache.total_blocks
+        )
     except (TypeError, ValueError) as error:
         raise check.fail(where, str(error)) from None
 
