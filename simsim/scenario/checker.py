@@ -8,6 +8,7 @@ scenario: the sweep files use it too.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import tomllib
@@ -18,7 +19,17 @@ from typing import Any, TypeVar
 from simsim.clock import MAX_TIME_US
 from simsim.traces import TraceError
 
-__all__ = ["ScenarioError", "TomlChecker", "from_trace_error", "limited", "make", "read_toml"]
+__all__ = [
+    "ScenarioError",
+    "ScenarioMemoryError",
+    "TomlChecker",
+    "from_trace_error",
+    "limited",
+    "lost_allocation",
+    "make",
+    "out_of_memory_while",
+    "read_toml",
+]
 
 
 class ScenarioError(ValueError):
@@ -30,6 +41,54 @@ class ScenarioError(ValueError):
         self.rule = rule
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {rule}")
+
+
+class ScenarioMemoryError(MemoryError):
+    """The machine ran out of memory while a scenario was being built or run.
+
+    The message names the file and what was being made, and how big it was ("while
+    generating the workload's 60 requests"), so that the user knows what to make smaller.
+    """
+
+    def __init__(self, source: str, doing: str) -> None:
+        self.source = source
+        self.doing = doing
+        super().__init__(
+            f"{source}: out of memory while {doing}; make that smaller, or give simsim more memory"
+        )
+
+
+# What CPython says when C code returns failure without an exception: under a memory
+# cap, an allocation whose MemoryError was lost on the way (seen as "internal error:
+# SystemError" from SimulationEngine.__init__ and BatchingEngine(...) calls).
+_LOST_ALLOCATION = (
+    "error return without exception set",
+    "returned NULL without setting an exception",
+    "returned a result with an exception set",
+)
+
+
+def lost_allocation(error: BaseException) -> bool:
+    """Whether *error* is a failed allocation: a ``MemoryError``, or the ``SystemError``
+    CPython raises when the ``MemoryError`` of a failed allocation got lost."""
+    if isinstance(error, MemoryError):
+        return True
+    return isinstance(error, SystemError) and any(text in str(error) for text in _LOST_ALLOCATION)
+
+
+@contextlib.contextmanager
+def out_of_memory_while(source: str, doing: Callable[[], str]) -> Iterator[None]:
+    """Turn running out of memory inside the block into a :class:`ScenarioMemoryError`
+    that says what was being made: ``doing()`` (called only then) describes it."""
+    try:
+        yield
+    except ScenarioMemoryError:
+        raise
+    except (MemoryError, SystemError) as error:
+        if not lost_allocation(error):
+            raise
+        # Unwinding the block has freed what it was building: there is room to report.
+        raise ScenarioMemoryError(source, doing()) from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, Rout
 from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.request import Request
-from simsim.scenario.checker import ScenarioError
+from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scheduler import Scheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.workloads import (
@@ -298,10 +298,12 @@ class Scenario:
 
     @functools.cached_property
     def _generated(self) -> GeneratedWorkload | None:
-        if not isinstance(self.workload, OpenLoopWorkload | ClassMix):
+        workload = self.workload
+        if not isinstance(workload, OpenLoopWorkload | ClassMix):
             return None
         try:
-            return self.workload.generate(self.seed)
+            with out_of_memory_while(self.source, lambda: _generating(workload)):
+                return workload.generate(self.seed)
         except (ValueError, OverflowError) as error:
             raise ScenarioError(self.source, "workload", str(error)) from None
 
@@ -325,7 +327,16 @@ class Scenario:
         """What the scenario runs on, new and idle: its engine, or with ``[cluster]`` a
         :class:`~simsim.Cluster` (or :class:`~simsim.DisaggregatedCluster`) of such
         engines on one environment, each with its own scheduler and backend."""
-        env = env or Environment()
+        with out_of_memory_while(self.source, self._building):
+            return self._build(env or Environment())
+
+    def _building(self) -> str:
+        """What :meth:`build` makes, for an out-of-memory message."""
+        if self.cluster is None:
+            return "building the server"
+        return f"building the cluster's {self.cluster.replica_count:,} replicas"
+
+    def _build(self, env: Environment) -> Server:
         spec = self.cluster
         if spec is None:
             return self._build_server(env, self.batching)
@@ -394,7 +405,10 @@ class Scenario:
         specs = list(self.requests)
         generated = self.generated()
         if generated is not None:
-            specs.extend(RequestSpec.of(request) for request in generated.requests)
+            with out_of_memory_while(
+                self.source, lambda: f"listing the workload's {len(generated.requests):,} requests"
+            ):
+                specs.extend(RequestSpec.of(request) for request in generated.requests)
         seen: set[int] = set()
         for spec in specs:
             if spec.request_id in seen:
@@ -407,6 +421,18 @@ class Scenario:
             seen.add(spec.request_id)
         specs.sort(key=lambda s: s.request_id)
         return tuple(specs)
+
+
+def _generating(workload: OpenLoopWorkload | ClassMix) -> str:
+    """What generating *workload* makes, for an out-of-memory message."""
+    what = f"generating the workload's {workload.count:,} requests"
+    prefixes = workload.shared_prefixes if isinstance(workload, OpenLoopWorkload) else None
+    if prefixes is not None:
+        what += (
+            f" and their block hashes (one per {prefixes.block_size_tokens}-token block of "
+            "each prompt)"
+        )
+    return what
 
 
 def decode_router_seed(scenario_seed: int) -> int:

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from simsim.scenario.checker import TomlChecker, from_trace_error
+from simsim.request import Request
+from simsim.scenario.checker import TomlChecker, from_trace_error, out_of_memory_while
 from simsim.scenario.model import RequestSpec
 from simsim.traces import (
     MOONCAKE_BLOCK_SIZE,
@@ -59,31 +60,8 @@ def parse_trace(
             instead = f"use {' and '.join(window_keys)}" if window_keys else "it has no window"
             raise check.fail(f"trace.{key}", f"not for format {fmt!r}; {instead}")
     try:
-        if fmt == "plain":
-            requests = read_plain_trace(
-                path,
-                time_scale=time_scale,
-                window_start_us=check.optional_time(table, "window_start_us", "trace"),
-                window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
-                first_request_id=first,
-            )
-        elif fmt == "mooncake":
-            requests = read_mooncake_trace(
-                path,
-                block_size_tokens=check.integer(
-                    table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE, minimum=1
-                ),
-                time_scale=time_scale,
-                first_request_id=first,
-            )
-        else:
-            requests = read_azure_trace(
-                path,
-                time_scale=time_scale,
-                window_start_s=check.optional_number(table, "window_start_s", "trace"),
-                window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
-                first_request_id=first,
-            )
+        with out_of_memory_while(check.source, lambda: f"reading the trace {path}"):
+            requests = _read(check, table, path, fmt, time_scale, first)
     except TraceOverflowError as error:
         # The trace is fine; this file's time_scale or first_request_id pushed it too far.
         raise check.fail(f"trace.{error.argument}", str(error)) from None
@@ -92,6 +70,41 @@ def parse_trace(
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail("trace", str(error)) from None
     return [RequestSpec.of(request) for request in requests]
+
+
+def _read(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    path: Path,
+    fmt: str,
+    time_scale: float,
+    first: int,
+) -> list[Request]:
+    """The trace's requests, read in its format with the table's options."""
+    if fmt == "plain":
+        return read_plain_trace(
+            path,
+            time_scale=time_scale,
+            window_start_us=check.optional_time(table, "window_start_us", "trace"),
+            window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
+            first_request_id=first,
+        )
+    if fmt == "mooncake":
+        return read_mooncake_trace(
+            path,
+            block_size_tokens=check.integer(
+                table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE, minimum=1
+            ),
+            time_scale=time_scale,
+            first_request_id=first,
+        )
+    return read_azure_trace(
+        path,
+        time_scale=time_scale,
+        window_start_s=check.optional_number(table, "window_start_s", "trace"),
+        window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
+        first_request_id=first,
+    )
 
 
 def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[RequestSpec]:
