@@ -354,6 +354,36 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
     ]
 
 
+# ---------------------------------------------------------------- nothing silently ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "rule"),
+    [
+        (
+            ONE_REQUEST + "block_hashes = [1, 2]\n",
+            "requests[0].block_hashes",
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
+            "shares the blocks they name, and without one they would be ignored",
+        ),
+        (
+            ONE_REQUEST + '[cluster]\nreplicas = 2\nrouter = "prefix_affinity"\n',
+            "cluster.router",
+            "'prefix_affinity' sends a request where its prefix is cached, and the replicas have "
+            'no prefix cache (engine = "batching" with [kv_cache] and [prefix_cache]): it would '
+            "send every request to the least loaded; use 'least_outstanding' for that, or add "
+            "[prefix_cache]",
+        ),
+    ],
+)
+def test_what_only_a_prefix_cache_uses_is_refused_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str, rule: str
+) -> None:
+    path = write(tmp_path, BACKEND + text)
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == f"simsim: error: {path}: {key}: {rule}"
+
+
 # ---------------------------------------------------------------- out of memory
 
 CLUSTER = BACKEND + ONE_REQUEST + "[cluster]\nreplicas = 3\n"

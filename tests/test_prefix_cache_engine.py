@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
@@ -30,6 +32,14 @@ def engine(blocks: int = 20, slots: int = 2) -> BatchingEngine:
         kv_cache=KvCacheConfig(block_size_tokens=4, total_blocks=blocks),
         prefix_cache=True,
     )
+
+
+def refused(path: Path, texts: Sequence[str], pattern: str) -> None:
+    """Each of *texts*, written to *path*, is refused with a message matching *pattern*."""
+    for text in texts:
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ScenarioError, match=pattern):
+            load_scenario(path)
 
 
 def chain(*parts: str) -> tuple[str, ...]:
@@ -89,6 +99,35 @@ def test_the_switch_needs_a_kv_cache_and_a_bool() -> None:
             kv_cache=KvCacheConfig(4, 4),
             prefix_cache=1,  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        lambda: simsim.SimulationEngine(SimulatedBackend(COSTS)),
+        lambda: simsim.FastSimulationEngine(SimulatedBackend(COSTS)),
+        lambda: BatchingEngine(SimulatedBackend(COSTS), max_active_requests=2),
+        lambda: BatchingEngine(
+            SimulatedBackend(COSTS), max_active_requests=2, kv_cache=KvCacheConfig(4, 20)
+        ),
+    ],
+    ids=["single_slot", "fast", "batching", "batching_with_kv_cache"],
+)
+def test_block_hashes_without_a_prefix_cache_are_refused_at_submit(server: Any) -> None:
+    # Once silently ignored: a request named blocks that nothing would ever share.
+    engine_ = server()
+    request = Request(3, 0, 12, 2, block_hashes=chain("s", "t", "a"))
+    with pytest.raises(
+        ValueError,
+        match=r"^request 3 has block_hashes, but this server has no prefix cache to use them; "
+        r"they would be ignored \(a BatchingEngine with a kv_cache and prefix_cache=True shares "
+        r"the blocks they name\): leave them out, or give the server a prefix cache$",
+    ):
+        engine_.submit(request)
+    # Before any state changed: nothing known, the request still pristine and free.
+    assert dict(engine_.requests) == {} and engine_.scheduler_stats.enqueued == 0
+    assert request.is_pristine and request._pending is None
+    assert engine_.submit(Request(3, 0, 12, 2)).request_id == 3
 
 
 def test_more_hashes_than_full_blocks_are_refused_at_submit() -> None:
@@ -293,8 +332,16 @@ def test_a_scenario_file_turns_the_cache_on_and_names_blocks(tmp_path: Path) -> 
     assert scenario.batching is not None and scenario.batching.prefix_cache
     server = run_scenario(scenario)
     assert server.requests_frame()["cached_prompt_tokens"].tolist() == [0, 8]
-    # The cache off: the same file without [prefix_cache] has no hits and no column.
-    path.write_text(SCENARIO.replace("[prefix_cache]\nenabled = true\n", ""), encoding="utf-8")
+    # The cache off: block hashes would be ignored, so they are refused, naming the rule.
+    off = SCENARIO.replace("[prefix_cache]\nenabled = true\n", "")
+    refused(
+        path,
+        (off, SCENARIO.replace("enabled = true", "enabled = false")),
+        r"requests\[0\]\.block_hashes: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]: only a prefix cache shares the blocks they name",
+    )
+    # Without them the file runs, with no hits and no column.
+    path.write_text(re.sub(r"block_hashes = \[.*\]\n", "", off), encoding="utf-8")
     assert "cached_prompt_tokens" not in run_scenario(load_scenario(path)).requests_frame()
 
 
@@ -525,19 +572,14 @@ conversation = true
             shared = min(context // 16, (after.prompt_token_count - 1) // 16)
             assert after.cached_prompt_token_count == 16 * shared
         assert turns[0].cached_prompt_token_count == 0
+    # Without a prefix cache nothing shares the turns' blocks (a KV cache alone neither).
     text = path.read_text(encoding="utf-8").replace("[prefix_cache]\nenabled = true\n", "")
-    for without in (
-        text,
-        text.replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", ""),
-    ):
-        # Without a prefix cache nothing shares the turns' blocks (a KV cache alone neither).
-        path.write_text(without, encoding="utf-8")
-        with pytest.raises(
-            ScenarioError,
-            match=r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\] and "
-            r"\[prefix_cache\]",
-        ):
-            load_scenario(path)
+    refused(
+        path,
+        (text, text.replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "")),
+        r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]",
+    )
 
 
 def test_the_iterations_figure_stacks_the_cached_blocks(tmp_path: Path) -> None:
@@ -591,7 +633,8 @@ def test_a_cache_that_can_never_be_shared_changes_nothing_but_recompute(
         (arrival, prompt, output, tuple(f"{rid}:{key}" for key in keys))
         for rid, (arrival, prompt, output, keys) in enumerate(rows)
     ]
-    plain = _run(unique, prefix_cache=False, hashes=True, blocks=blocks, policy=policy)
+    # Without a cache nothing uses the hashes (and the server refuses them): left out.
+    plain = _run(unique, prefix_cache=False, hashes=False, blocks=blocks, policy=policy)
     cached = _run(unique, prefix_cache=True, hashes=True, blocks=blocks, policy=policy)
     assert all(r.cached_prompt_token_count == 0 for r in cached.requests.values())
     if (plain.events_frame()["event_type"] == "REQUEST_PREEMPTED").any():

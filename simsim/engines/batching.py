@@ -355,6 +355,9 @@ class BatchingEngine(EngineBase):
 
     # ------------------------------------------------------------------ submission
 
+    def _shares_prefixes(self) -> bool:
+        return self._pool is not None
+
     def _check_admissible(self, request: Request) -> None:
         cache = self._kv_cache
         if cache is None:

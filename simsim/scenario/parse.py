@@ -163,6 +163,13 @@ def parse_scenario(
 
     scheduler, scheduler_options = _parse_scheduler(check, data)
 
+    # The server before the requests: a request's block hashes need its prefix cache, and
+    # shared prefixes name its blocks and are checked against its size before a single
+    # block hash is made.
+    batching = _parse_batching(check, data, engine)
+    prefix_cache = batching is not None and batching.prefix_cache
+    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+
     specs: list[RequestSpec] = []
     for index, row in enumerate(check.array_of_tables(data, "requests")):
         where = f"requests[{index}]"
@@ -178,7 +185,7 @@ def parse_scenario(
                 check.time(row, "arrival_time_us", where),
                 check.integer(row, "prompt_token_count", where),
                 check.integer(row, "max_output_tokens", where),
-                block_hashes=check.hashes(row, "block_hashes", where),
+                block_hashes=_block_hashes(check, row, where, prefix_cache),
                 request_class=request_class,
                 deadline_us=check.optional_time(row, "deadline_us", where),
                 **parse_metadata(check, row, where),
@@ -186,12 +193,8 @@ def parse_scenario(
         )
 
     if "trace" in data:
-        specs.extend(parse_trace(check, check.table(data, "trace", "trace"), base_dir))
-
-    # The server before the workload: shared prefixes name its cache's blocks, and are
-    # checked against its size before a single block hash is made.
-    batching = _parse_batching(check, data, engine)
-    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+        trace = check.table(data, "trace", "trace")
+        specs.extend(parse_trace(check, trace, base_dir, prefix_cache))
 
     workload = None
     if "workload" in data:
@@ -403,6 +406,20 @@ def _parse_backend(
     return FittedBackendConfig(**values)
 
 
+def _block_hashes(
+    check: TomlChecker, row: Mapping[str, Any], where: str, prefix_cache: bool
+) -> tuple[int | str, ...] | None:
+    """A ``[[requests]]`` entry's ``block_hashes``: only a prefix cache uses them."""
+    hashes = check.hashes(row, "block_hashes", where)
+    if hashes is not None and not prefix_cache:
+        raise check.fail(
+            f"{where}.block_hashes",
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
+            "shares the blocks they name, and without one they would be ignored",
+        )
+    return hashes
+
+
 def _shared_cache(
     batching: BatchingSpec | None, cluster: ClusterSpec | None
 ) -> KvCacheConfig | None:
@@ -489,9 +506,10 @@ def _parse_cluster(
     table = check.table(data, "cluster", "cluster")
     check.keys(table, _CLUSTER_KEYS, "cluster")
     refresh = check.time(table, "refresh_interval_us", "cluster", default=0)
+    prefix_cache = batching is not None and batching.prefix_cache
     parts = [name for name in _POOLS if name in table]
     if not parts:
-        pool = _parse_pool(check, table, "cluster", None)
+        pool = _parse_pool(check, table, "cluster", None, prefix_cache)
         return ClusterSpec(pool=pool, refresh_interval_us=refresh)
     missing = [name for name in _POOLS if name not in table]
     if missing:
@@ -519,6 +537,7 @@ def _parse_cluster(
             _checked(check, check.table(table, name, f"cluster.{name}"), f"cluster.{name}"),
             f"cluster.{name}",
             batching,
+            prefix_cache,
         )
         for name in ("prefill", "decode")
     )
@@ -547,10 +566,15 @@ def _checked(check: TomlChecker, table: Mapping[str, Any], where: str) -> Mappin
 
 
 def _parse_pool(
-    check: TomlChecker, table: Mapping[str, Any], where: str, batching: BatchingSpec | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    where: str,
+    batching: BatchingSpec | None,
+    prefix_cache: bool,
 ) -> PoolSpec:
     """A pool's replica count, router and router options (its keys already checked);
-    with *batching* (a disaggregated pool), also its overrides of the batching server."""
+    with *batching* (a disaggregated pool), also its overrides of the batching server.
+    *prefix_cache*: whether the replicas have one (``prefix_affinity`` needs it)."""
     replicas = limited(
         check,
         f"{where}.replicas",
@@ -560,6 +584,14 @@ def _parse_pool(
     )
     name = where.rpartition(".")[2]
     router = check.choice(table, "router", where, tuple(ROUTERS), default=_DEFAULT_ROUTERS[name])
+    if router == "prefix_affinity" and not prefix_cache:
+        raise check.fail(
+            f"{where}.router",
+            "'prefix_affinity' sends a request where its prefix is cached, and the replicas "
+            'have no prefix cache (engine = "batching" with [kv_cache] and [prefix_cache]): '
+            "it would send every request to the least loaded; use 'least_outstanding' for "
+            "that, or add [prefix_cache]",
+        )
     seed = None
     if "seed" in table:
         if router not in SEEDED_ROUTERS:

@@ -34,9 +34,17 @@ _TRACE_KEYS = (
 
 
 def parse_trace(
-    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    prefix_cache: bool = False,
 ) -> list[RequestSpec]:
-    """The requests of a ``[trace]`` table; *base_dir* anchors a relative path."""
+    """The requests of a ``[trace]`` table; *base_dir* anchors a relative path.
+
+    A Mooncake trace's ``hash_ids`` become block hashes only with a *prefix_cache* (the
+    scenario's server has one); otherwise they are checked and left out, as other
+    columns the server does not use are.
+    """
     check.keys(table, _TRACE_KEYS, "trace")
     path = Path(check.string(table, "path", "trace"))
     if not path.is_absolute() and base_dir is not None:
@@ -61,7 +69,7 @@ def parse_trace(
             raise check.fail(f"trace.{key}", f"not for format {fmt!r}; {instead}")
     try:
         with out_of_memory_while(check.source, lambda: f"reading the trace {path}"):
-            requests = _read(check, table, path, fmt, time_scale, first)
+            requests = _read(check, table, path, fmt, time_scale, first, prefix_cache)
     except TraceOverflowError as error:
         # The trace is fine; this file's time_scale or first_request_id pushed it too far.
         raise check.fail(f"trace.{error.argument}", str(error)) from None
@@ -79,6 +87,7 @@ def _read(
     fmt: str,
     time_scale: float,
     first: int,
+    prefix_cache: bool,
 ) -> list[Request]:
     """The trace's requests, read in its format with the table's options."""
     if fmt == "plain":
@@ -97,6 +106,7 @@ def _read(
             ),
             time_scale=time_scale,
             first_request_id=first,
+            block_hashes=prefix_cache,
         )
     return read_azure_trace(
         path,
