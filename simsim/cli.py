@@ -51,12 +51,15 @@ from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
 from simsim.scenario import (
     Scenario,
     ScenarioError,
+    ScenarioMemoryError,
     Server,
     check_scenario,
     default_scenario,
     default_serve_scenario,
     load_backend,
     load_scenario,
+    lost_allocation,
+    out_of_memory_while,
     run_scenario,
 )
 from simsim.sweeps.runner import SweepFolderError
@@ -285,10 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nsimsim: interrupted", file=sys.stderr)
         return 130
-    except MemoryError:
-        print("simsim: error: out of memory; try fewer requests", file=sys.stderr)
+    except MemoryError as error:
+        print(f"simsim: error: {_out_of_memory(error)}", file=sys.stderr)
         return 1
     except Exception as error:  # the last line of defence for a CLI user
+        if lost_allocation(error):  # a SystemError that lost its MemoryError
+            print(f"simsim: error: {_out_of_memory(error)}", file=sys.stderr)
+            return 1
         # Every expected problem is reported above or where it happens; this is a bug in
         # simsim. One line still beats a traceback for the user, and names what to report.
         print(
@@ -297,6 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _out_of_memory(error: BaseException) -> str:
+    """The out-of-memory line: what the scenario was making, when it is known."""
+    if isinstance(error, ScenarioMemoryError):
+        return str(error)
+    return "out of memory; a smaller scenario, or more memory, is needed"
 
 
 def _load(args: argparse.Namespace) -> Scenario:
@@ -377,7 +390,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     wall_s = time.monotonic() - started
-    frames = _write_tables("--out", out, engine, args.format, scenario)
+    with out_of_memory_while(scenario.source, lambda: "building and writing the result tables"):
+        frames = _write_tables("--out", out, engine, args.format, scenario)
     summary = frames["summary"].set_index("metric")
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)

@@ -579,6 +579,7 @@ def read_mooncake_trace(
     block_size_tokens: int = MOONCAKE_BLOCK_SIZE,
     time_scale: float | int | Decimal | Fraction = 1.0,
     first_request_id: int = 0,
+    block_hashes: bool = True,
 ) -> list[Request]:
     """Read a Mooncake trace (JSON lines) into pristine requests with block hashes.
 
@@ -593,7 +594,13 @@ def read_mooncake_trace(
     1000 / time_scale`` microseconds, rounded once to the nearest, ties to even; rows are
     sorted stably by time and numbered from *first_request_id* in that order. Raises
     :class:`TraceError` naming the file, the line and the key.
+
+    With ``block_hashes=False`` the ids are still read and checked, but the requests
+    carry none: for a server without a prefix cache, which refuses requests that name
+    blocks it would ignore.
     """
+    if type(block_hashes) is not bool:
+        raise TypeError(f"block_hashes must be True or False, got {block_hashes!r}")
     block = check_count(block_size_tokens, "block_size_tokens", minimum=1)
     scale = _exact(time_scale, "time_scale", positive=True)
     first_request_id = check_count(first_request_id, "first_request_id")
@@ -682,7 +689,8 @@ def read_mooncake_trace(
             raise TraceOverflowError(
                 source, f"request id {request_id} is past 2**63 - 1", argument="first_request_id"
             )
+        keys = hashes[index] if block_hashes else None
         requests.append(
-            Request(request_id, arrival, prompts[index], outputs[index], block_hashes=hashes[index])
+            Request(request_id, arrival, prompts[index], outputs[index], block_hashes=keys)
         )
     return requests

@@ -39,10 +39,12 @@ import numpy.typing as npt
 import simpy
 
 from simsim.clock import MAX_TIME_US, Environment, check_count, check_time_us
+from simsim.engines.batching import KvCacheConfig
 from simsim.request import Request
 from simsim.traces import TraceError, TracePath, parse_count, parse_weight, read_table
 
 __all__ = [
+    "MAX_GENERATED_REQUESTS",
     "ArrivalProcess",
     "ClassMix",
     "ClosedLoopRun",
@@ -63,6 +65,7 @@ __all__ = [
     "SharedPrefixes",
     "Uniform",
     "WorkloadEngine",
+    "check_request_count",
     "check_seed",
 ]
 
@@ -74,7 +77,33 @@ IntArray = npt.NDArray[np.int64]
 _FLOAT_LIMIT = float(2**62)
 
 
+MAX_GENERATED_REQUESTS = 10_000_000
+"""The most requests one workload may make (a closed loop: users, and users times
+``requests_per_user``).
+
+A run holds every request in memory, about 1 GB per million on the fast engine (more on
+the others), so a larger count is almost surely a slip of the keyboard; it is refused
+before anything is drawn or allocated.
+"""
+_HELD_IN_MEMORY = "every request is held in memory, about 1 GB per million"
+
 # ---------------------------------------------------------------------- validation
+
+
+def check_request_count(value: object, name: str) -> int:
+    """*value* as how many requests (or users) a workload makes: an ``int`` from 1 to
+    :data:`MAX_GENERATED_REQUESTS`.
+
+    A workload of none makes an empty run, which is almost always a mistake: 0 is
+    refused (``ValueError``) as a too large count is; ``bool`` and non-integers raise
+    ``TypeError``.
+    """
+    count = check_count(value, name, minimum=1)
+    if count > MAX_GENERATED_REQUESTS:
+        raise ValueError(
+            f"{name} must be at most {MAX_GENERATED_REQUESTS:,} ({_HELD_IN_MEMORY}), got {count:,}"
+        )
+    return count
 
 
 def check_seed(seed: object) -> int:
@@ -593,11 +622,17 @@ class SharedPrefixes:
     prefix's full blocks ``("g<k>", i)`` (shared by the whole group), then blocks of its
     own ``("r<request_id>", i)``. The block holding the end of the prefix and the start
     of the request's own tokens is the request's own.
+
+    With ``total_blocks`` (the KV cache's size), a request whose prompt and output limit
+    need more blocks than the whole cache could never run: it is refused
+    (``ValueError`` naming it) before a single block hash is made, since a prompt that
+    large would cost one hash per block first.
     """
 
     lengths: Sequence[int]
     block_size_tokens: int
     weights: Sequence[float] | None = None
+    total_blocks: int | None = None
 
     def __post_init__(self) -> None:
         lengths = tuple(check_count(length, "shared prefix length") for length in self.lengths)
@@ -617,26 +652,41 @@ class SharedPrefixes:
                     f"with a positive sum, got {list(self.weights)}"
                 )
             _set(self, "weights", weights)
+        if self.total_blocks is not None:
+            _set(self, "total_blocks", check_count(self.total_blocks, "total_blocks", minimum=1))
 
     def apply(
-        self, rng: np.random.Generator, request_ids: Sequence[int], prompts: Sequence[int]
+        self,
+        rng: np.random.Generator,
+        request_ids: Sequence[int],
+        prompts: Sequence[int],
+        outputs: Sequence[int] | None = None,
     ) -> tuple[list[int], list[tuple[tuple[str, int], ...]]]:
-        """Each request's full prompt length and block hashes, its group drawn from *rng*."""
+        """Each request's full prompt length and block hashes, its group drawn from *rng*.
+
+        With ``total_blocks``, every request (its full prompt and its output limit from
+        *outputs*, 0 without) is checked against the cache before any hash is made.
+        """
         weights = None
         if self.weights is not None:
             total = sum(self.weights)
             weights = [w / total for w in self.weights]
         groups = rng.choice(len(self.lengths), size=len(prompts), p=weights).tolist()
+        full_prompts = [
+            self.lengths[group] + own for own, group in zip(prompts, groups, strict=True)
+        ]
+        if self.total_blocks is not None:
+            # Every size first: a request that cannot fit is refused before any hash.
+            cache = KvCacheConfig(self.block_size_tokens, self.total_blocks)
+            limits = [0] * len(full_prompts) if outputs is None else outputs
+            for rid, total_tokens, output in zip(request_ids, full_prompts, limits, strict=True):
+                cache.check_fits(rid, total_tokens, output)
         block = self.block_size_tokens
-        full_prompts: list[int] = []
         hashes: list[tuple[tuple[str, int], ...]] = []
-        for rid, own, group in zip(request_ids, prompts, groups, strict=True):
-            prefix = self.lengths[group]
-            total_tokens = prefix + own
-            shared = prefix // block
+        for rid, total_tokens, group in zip(request_ids, full_prompts, groups, strict=True):
+            shared = self.lengths[group] // block
             keys = [(f"g{group}", i) for i in range(shared)]
             keys += [(f"r{rid}", i) for i in range(shared, total_tokens // block)]
-            full_prompts.append(total_tokens)
             hashes.append(tuple(keys))
         return full_prompts, hashes
 
@@ -684,7 +734,7 @@ class OpenLoopWorkload:
         _distribution(self.output_tokens, "output_tokens")
         if self.patience is not None:
             _distribution(self.patience, "patience")
-        _set(self, "count", check_count(self.count, "count"))
+        _set(self, "count", check_request_count(self.count, "count"))
         first = check_count(self.first_request_id, "first_request_id")
         if first + self.count - 1 > MAX_TIME_US:
             raise OverflowError(
@@ -719,7 +769,7 @@ class OpenLoopWorkload:
             group_seq = np.random.SeedSequence(seed).spawn(5)[4]
             ids = [first + i for i in range(count)]
             full, hashes = self.shared_prefixes.apply(
-                np.random.default_rng(group_seq), ids, prompts.tolist()
+                np.random.default_rng(group_seq), ids, prompts.tolist(), outputs.tolist()
             )
             requests = tuple(
                 Request(rid, arrival, prompt, output, block_hashes=keys)
@@ -824,7 +874,7 @@ class RequestClass:
         if self.count is not None and self.share is not None:
             raise ValueError(f"{where}: give count or share, not both")
         if self.count is not None:
-            _set(self, "count", check_count(self.count, f"{where}: count"))
+            _set(self, "count", check_request_count(self.count, f"{where}: count"))
         if self.share is not None:
             _set(self, "share", _real(self.share, f"{where}: share", positive=True))
         _optional_name(self.tenant, f"{where}: tenant")
@@ -916,7 +966,7 @@ class ClassMix:
                         "give the mix a total to split"
                     )
         else:
-            _set(self, "total", check_count(self.total, "total"))
+            _set(self, "total", check_request_count(self.total, "total"))
             for item in classes:
                 if item.count is not None:
                     raise ValueError(
@@ -931,10 +981,16 @@ class ClassMix:
                         f"class {item.name!r} has no share and its arrival process has no "
                         "rate_per_s to weigh it by: give it a share"
                     )
+        made = sum(self.counts())
+        if made > MAX_GENERATED_REQUESTS:
+            raise ValueError(
+                f"the classes make {made:,} requests, more than the limit of "
+                f"{MAX_GENERATED_REQUESTS:,} per workload ({_HELD_IN_MEMORY})"
+            )
         first = check_count(self.first_request_id, "first_request_id")
-        if first + sum(self.counts()) - 1 > MAX_TIME_US:
+        if first + made - 1 > MAX_TIME_US:
             raise OverflowError(
-                f"request ids from {first} for {sum(self.counts())} requests pass the 64-bit limit"
+                f"request ids from {first} for {made} requests pass the 64-bit limit"
             )
         _set(self, "first_request_id", first)
         _set(self, "start_us", check_time_us(self.start_us, "start_us"))
@@ -974,6 +1030,8 @@ class ClassMix:
         seed = check_seed(seed)
         drawn: list[tuple[int, int, int, Request, int | None]] = []
         for order, (item, count) in enumerate(zip(self.classes, self.counts(), strict=True)):
+            if count == 0:
+                continue  # a share too small to get a request of the total: nothing to draw
             own = OpenLoopWorkload(
                 item.arrivals,
                 item.prompt_tokens,
@@ -1118,7 +1176,7 @@ class ClosedLoopWorkload:
     """With a block size (the KV cache's), each user is one multi-turn conversation."""
 
     def __post_init__(self) -> None:
-        _set(self, "users", check_count(self.users, "users", minimum=1))
+        _set(self, "users", check_request_count(self.users, "users"))
         if self.conversation_block_size_tokens is not None:
             _set(
                 self,
@@ -1140,11 +1198,13 @@ class ClosedLoopWorkload:
                 f"requests_per_user={self.requests_per_user!r}, horizon_us={self.horizon_us!r}"
             )
         if self.requests_per_user is not None:
-            _set(
-                self,
-                "requests_per_user",
-                check_count(self.requests_per_user, "requests_per_user", minimum=1),
-            )
+            per_user = check_count(self.requests_per_user, "requests_per_user", minimum=1)
+            if self.users * per_user > MAX_GENERATED_REQUESTS:
+                raise ValueError(
+                    f"users * requests_per_user = {self.users:,} * {per_user:,} requests, more "
+                    f"than the limit of {MAX_GENERATED_REQUESTS:,} per workload ({_HELD_IN_MEMORY})"
+                )
+            _set(self, "requests_per_user", per_user)
         if self.horizon_us is not None:
             _set(self, "horizon_us", check_time_us(self.horizon_us, "horizon_us"))
         _set(self, "first_request_id", check_count(self.first_request_id, "first_request_id"))

@@ -82,8 +82,8 @@ def test_batching_scenario_runs_the_batching_engine() -> None:
         (
             '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
             "[kv_cache]\nblock_size_tokens = 0\ntotal_blocks = 4\n",
-            "kv_cache",
-            "must be >= 1",
+            "kv_cache.block_size_tokens",
+            "must be >= 1, got 0",
         ),
         (
             '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'

@@ -363,6 +363,12 @@ def test_a_cluster_checks_admission_once_before_routing(tmp_path: Path) -> None:
         ),
         ('[scheduler]\npolicy = "sjf"', "scheduler.policy", "unknown value 'sjf'"),
         ('[scheduler]\npolicy = "fcfs"\nweight = 2', "scheduler.weight", "unknown key"),
+        (
+            '[scheduler]\npolicy = "fair"\nprompt_weight = 0\noutput_weight = 0',
+            "scheduler",
+            "FairShareScheduler: prompt_weight=0.0 and output_weight=0.0: at least one weight "
+            "must be above 0",
+        ),
     ],
 )
 def test_bad_admission_and_scheduler_tables_are_named(

@@ -154,11 +154,25 @@ def test_slo_targets_are_per_class() -> None:
         (lambda: chat(relative_deadline_us=-1), ValueError, "relative_deadline_us"),
         (lambda: chat(prompt_tokens=5), TypeError, "class 'chat': prompt_tokens"),
         (lambda: ClassMix([chat()], first_request_id=2**63 - 10), OverflowError, "64-bit"),
+        (lambda: ClassMix([chat(count=None)], total=0), ValueError, "^total must be >= 1, got 0$"),
+        (lambda: chat(count=0), ValueError, "^class 'chat': count must be >= 1, got 0$"),
+        (
+            lambda: ClassMix([chat(count=6_000_000), chat(name="b", count=6_000_000)]),
+            ValueError,
+            "the classes make 12,000,000 requests, more than the limit of 10,000,000",
+        ),
     ],
 )
 def test_bad_classes_are_refused_naming_the_class(build: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         build()
+
+
+def test_a_class_whose_share_of_the_total_rounds_to_none_makes_no_request() -> None:
+    mix = ClassMix([chat(count=None, share=1), chat(name="rare", count=None, share=0.01)], total=3)
+    assert mix.counts() == [3, 0]
+    requests = mix.generate(1).requests
+    assert [r.request_class for r in requests] == ["chat"] * 3
 
 
 def test_a_class_without_a_rate_needs_a_share() -> None:

@@ -7,6 +7,7 @@ message or a memory error, and checks exit status 2 and a single stderr line.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 
 from simsim import cli
 from simsim.cli import main
+from simsim.engines.base import EngineBase
+from simsim.scenario import Scenario
 
 BACKEND = """
 [backend]
@@ -197,7 +200,9 @@ def test_huge_count_is_refused_before_allocating(
     )
     line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
     assert_names(
-        line, f"{path}: workload.count: 99,999,999,999 is more than the limit of 10,000,000"
+        line,
+        f"{path}: workload.count: must be at most 10,000,000 (every request is held in memory, "
+        "about 1 GB per million), got 99,999,999,999",
     )
 
 
@@ -207,7 +212,43 @@ def test_huge_closed_loop_user_count_is_refused(
     body = "kind = 'closed_loop'\nusers = 99999999999\nhorizon_us = 10\nthink_time_us = 0\n"
     path = write(tmp_path, workload(body + "prompt_tokens = 1\noutput_tokens = 1"))
     line = one_line_error(capsys, "validate", str(path))
-    assert_names(line, f"{path}: workload.users: ", "limit of 10,000,000")
+    assert_names(line, f"{path}: workload.users: must be at most 10,000,000")
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ("count = 0\nrate_per_s = 1.0\n", "workload.count"),
+        (
+            "total = 0\n[[workload.classes]]\nname = 'chat'\nrate_per_s = 1.0\n",
+            "workload.total",
+        ),
+        (
+            "[[workload.classes]]\nname = 'chat'\ncount = 0\nrate_per_s = 1.0\n",
+            "workload.classes[0] (chat).count",
+        ),
+        ("kind = 'closed_loop'\nusers = 0\nhorizon_us = 10\nthink_time_us = 0\n", "workload.users"),
+    ],
+)
+def test_a_workload_of_no_request_is_refused_one_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, key: str
+) -> None:
+    # count = 0 and total = 0 used to run and print "requests 0 ()"; users = 0 was refused.
+    path = write(tmp_path, workload(body + "prompt_tokens = 1\noutput_tokens = 1"))
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == f"simsim: error: {path}: {key}: must be >= 1, got 0"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("replicas", ["100000000", "-3"])
+def test_replica_counts_no_fleet_has_are_refused_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], replicas: str
+) -> None:
+    # Once: a minute and gigabytes for 10**6, no answer at all for 10**8.
+    path = write(tmp_path, BACKEND + ONE_REQUEST + f"[cluster]\nreplicas = {replicas}\n")
+    line = one_line_error(capsys, "validate", str(path))
+    rule = "must be >= 1, got -3" if replicas == "-3" else "must be at most 10,000 per pool"
+    assert_names(line, f"{path}: cluster.replicas: {rule}")
 
 
 def test_lognormal_cv_past_float_range_is_refused_not_a_negative_count(
@@ -310,6 +351,168 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
     assert err.splitlines() == [
         "simsim: internal error: RuntimeError: something simsim did not expect "
         "(a bug in simsim: please report it with the command and files used)"
+    ]
+
+
+# ---------------------------------------------------------------- nothing silently ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "rule"),
+    [
+        (
+            ONE_REQUEST + "block_hashes = [1, 2]\n",
+            "requests[0].block_hashes",
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
+            "shares the blocks they name, and without one they would be ignored",
+        ),
+        (
+            ONE_REQUEST + '[cluster]\nreplicas = 2\nrouter = "prefix_affinity"\n',
+            "cluster.router",
+            "'prefix_affinity' sends a request where its prefix is cached, and the replicas have "
+            'no prefix cache (engine = "batching" with [kv_cache] and [prefix_cache]): it would '
+            "send every request to the least loaded; use 'least_outstanding' for that, or add "
+            "[prefix_cache]",
+        ),
+    ],
+)
+def test_what_only_a_prefix_cache_uses_is_refused_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str, rule: str
+) -> None:
+    path = write(tmp_path, BACKEND + text)
+    line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == f"simsim: error: {path}: {key}: {rule}"
+
+
+# ---------------------------------------------------------------- out of memory
+
+CLUSTER = BACKEND + ONE_REQUEST + "[cluster]\nreplicas = 3\n"
+
+
+def exit_1_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run ``simsim *argv*``; it must exit 1 with one stderr line and no traceback."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err.rstrip("\n")
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        MemoryError(),
+        # What CPython raises under a memory cap when an allocation's MemoryError is lost
+        # (seen from SimulationEngine.__init__ with replicas = 100000000 and ulimit -v).
+        SystemError(
+            "<function SimulationEngine.__init__> returned NULL without setting an exception"
+        ),
+        SystemError("error return without exception set"),
+    ],
+)
+def test_running_out_of_memory_names_what_was_being_built(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    failure: BaseException,
+) -> None:
+    path = write(tmp_path, CLUSTER)
+    built: list[int] = []
+
+    def build_server(*args: object) -> None:
+        if len(built) == 2:  # the third replica cannot be made
+            raise failure
+        built.append(1)
+
+    monkeypatch.setattr(Scenario, "_build_server", build_server)
+    assert exit_1_line(capsys, "validate", str(path)) == (
+        f"simsim: error: {path}: out of memory while building the cluster's 3 replicas; make "
+        "that smaller, or give simsim more memory"
+    )
+
+
+def test_another_system_error_is_still_an_internal_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bug(*args: object) -> None:
+        raise SystemError("a bug, not memory")
+
+    monkeypatch.setattr(Scenario, "_build_server", bug)
+    line = exit_1_line(capsys, "validate", str(write(tmp_path, CLUSTER)))
+    assert line.startswith("simsim: internal error: SystemError: a bug, not memory (a bug in")
+
+
+def test_out_of_memory_while_running_says_so_and_how_many_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def step(self: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(EngineBase, "run_next_timestamp", step)
+    path = write(
+        tmp_path, workload("count = 12\nrate_per_s = 1.0\nprompt_tokens = 1\noutput_tokens = 1")
+    )
+    line = exit_1_line(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == (
+        f"simsim: error: {path}: out of memory while running the simulation of 12 requests (its "
+        "records grow with every event); make that smaller, or give simsim more memory"
+    )
+
+
+CAPPED = """
+import resource, sys
+import simsim.cli
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+# Room for this much more than the interpreter with simsim loaded already takes.
+resource.setrlimit(resource.RLIMIT_AS, (size + int(sys.argv[1]) * 2**20, resource.RLIM_INFINITY))
+sys.exit(simsim.cli.main(sys.argv[2:]))
+"""
+
+
+def capped(megabytes: int, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``simsim *argv*`` in a process allowed *megabytes* more than it needs to start."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the memory cap reads /proc/self/status (Linux)")
+    return subprocess.run(
+        [sys.executable, "-c", CAPPED, str(megabytes), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
+
+
+def test_a_real_memory_cap_ends_in_one_line_naming_the_workload(tmp_path: Path) -> None:
+    # Ten million requests are allowed, but not in 300 MB: the line says what was too big.
+    body = "count = 10_000_000\nrate_per_s = 1000.0\nprompt_tokens = 10\noutput_tokens = 1"
+    path = write(tmp_path, workload(body))
+    done = capped(300, "validate", str(path))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"simsim: error: {path}: out of memory while generating the workload's 10,000,000 "
+        "requests; make that smaller, or give simsim more memory"
+    ]
+
+
+def test_a_prompt_that_can_never_fit_is_refused_within_a_small_memory_cap(tmp_path: Path) -> None:
+    # Sixty 2,000,000-token prompts once cost 1.35 GB of block hashes before the refusal.
+    text = (
+        '[scenario]\nengine = "batching"\n'
+        + BACKEND
+        + "[batching]\nmax_active_requests = 4\n[kv_cache]\nblock_size_tokens = 16\n"
+        + "total_blocks = 1000\n[prefix_cache]\n[workload]\ncount = 60\nrate_per_s = 1.0\n"
+        + "prompt_tokens = 2_000_000\noutput_tokens = 10\n"
+        + "[workload.shared_prefixes]\nlengths = [100]\n"
+    )
+    path = write(tmp_path, text)
+    done = capped(300, "validate", str(path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"simsim: error: {path}: workload: request 0 needs 125007 KV blocks for its 2000100 "
+        "prompt and 10 output tokens, more than the whole cache (1000 blocks of 16 tokens); it "
+        "could never run"
     ]
 
 

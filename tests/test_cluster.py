@@ -34,11 +34,14 @@ COSTS = simsim.SimulatedBackendConfig(
 )
 
 
-def batching(env: simsim.Environment, *, slots: int = 4, blocks: int = 64) -> simsim.BatchingEngine:
+def batching(
+    env: simsim.Environment, *, slots: int = 4, blocks: int = 64, prefix_cache: bool = False
+) -> simsim.BatchingEngine:
     return simsim.BatchingEngine(
         simsim.SimulatedBackend(COSTS),
         max_active_requests=slots,
         kv_cache=simsim.KvCacheConfig(16, blocks),
+        prefix_cache=prefix_cache,
         env=env,
     )
 
@@ -124,7 +127,11 @@ def test_a_one_replica_cluster_runs_exactly_as_its_engine_alone(
 @pytest.mark.parametrize("name", sorted(ROUTERS))
 def test_every_request_is_routed_exactly_once_and_runs(name: str) -> None:
     env = simsim.Environment()
-    cluster = Cluster([batching(env) for _ in range(3)], name, refresh_interval_us=10_000)
+    # prefix_affinity routes by prefix caches (refused without); no request names blocks.
+    cached = name == "prefix_affinity"
+    cluster = Cluster(
+        [batching(env, prefix_cache=cached) for _ in range(3)], name, refresh_interval_us=10_000
+    )
     for request in poisson(200, seed=3):
         cluster.submit(request)
     cluster.run()
@@ -150,7 +157,8 @@ def test_every_request_is_routed_exactly_once_and_runs(name: str) -> None:
 def test_routing_is_deterministic(name: str) -> None:
     def once() -> list[int]:
         env = simsim.Environment()
-        cluster = Cluster([batching(env) for _ in range(4)], name)
+        cached = name == "prefix_affinity"
+        cluster = Cluster([batching(env, prefix_cache=cached) for _ in range(4)], name)
         for request in poisson(150, seed=9):
             cluster.submit(request)
         cluster.run()
@@ -422,6 +430,53 @@ def test_prefix_affinity_sends_a_shared_prompt_where_it_is_cached() -> None:
     frame = cluster.requests_frame()
     assert list(frame["replica"]) == [0, 1, 1, 1, 1, 1]
     assert list(frame["cached_prompt_tokens"]) == [0, 0, 48, 48, 48, 48]
+
+
+def test_prefix_affinity_over_replicas_without_a_prefix_cache_is_refused() -> None:
+    # Once silently the least-loaded router: it had no cache to follow.
+    env = simsim.Environment()
+    replicas = [batching(env), single(env)]
+    with pytest.raises(
+        ValueError,
+        match=r"^router PrefixAffinityRouter\(\) sends a request where its prefix is cached, and "
+        r"none of the 2 replicas has a prefix cache \(BatchingEngine\(\.\.\., kv_cache=\.\.\., "
+        r"prefix_cache=True\)\): it would send every request to the least loaded",
+    ):
+        Cluster(replicas, "prefix_affinity")
+    # Refused before anything changed: the replicas can still serve another cluster.
+    assert Cluster(replicas, "least_outstanding").replicas == tuple(replicas)
+    # One replica with a cache is enough to route by.
+    env = simsim.Environment()
+    Cluster([batching(env), cached(env)], PrefixAffinityRouter())
+
+
+def test_a_disaggregated_decode_pool_without_prefix_caches_refuses_prefix_affinity() -> None:
+    env = simsim.Environment()
+    transfer = simsim.KvTransferConfig(kv_bytes_per_token=1, bandwidth_bytes_per_s=10**6)
+    with pytest.raises(ValueError, match="none of the 2 decode replicas has a prefix cache"):
+        simsim.DisaggregatedCluster(
+            [cached(env)],
+            [batching(env), batching(env)],
+            transfer,
+            prefill_router="prefix_affinity",
+            decode_router="prefix_affinity",
+        )
+
+
+def test_block_hashes_need_a_replica_with_a_prefix_cache() -> None:
+    env = simsim.Environment()
+    cluster = Cluster([batching(env), single(env)], "round_robin")
+    with pytest.raises(
+        ValueError,
+        match=r"^request 7 has block_hashes, but no replica of this cluster has a prefix cache "
+        r"to use them; they would be ignored",
+    ):
+        cluster.submit(shared(7, 0))
+    assert dict(cluster.requests) == {}
+    # Where one replica shares prefixes, requests routed there use their hashes.
+    env = simsim.Environment()
+    mixed = Cluster([batching(env), cached(env)], "round_robin")
+    assert mixed.submit(shared(7, 0)).block_hashes == (1, 2, 3)
 
 
 @pytest.mark.parametrize(("refresh_us", "seen"), [(0, [0, 3, 3]), (250_000, [0, 0, 3])])

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -159,7 +160,31 @@ def test_disaggregated_pools_take_their_overrides_and_the_transfer() -> None:
 ERRORS = [
     ({"replica": 2}, "cluster.replica", "did you mean 'replicas'"),
     ({}, "cluster.replicas", "missing required key"),
-    ({"replicas": 0}, "cluster.replicas", "must be at least 1, got 0"),
+    # One rule, one message: 0 and a negative count break the same rule.
+    ({"replicas": 0}, "cluster.replicas", "must be >= 1, got 0"),
+    ({"replicas": -3}, "cluster.replicas", "must be >= 1, got -3"),
+    (
+        {**DISAGGREGATED, "prefill": {"replicas": -3}},
+        "cluster.prefill.replicas",
+        "must be >= 1, got -3",
+    ),
+    (
+        {**DISAGGREGATED, "decode": {"replicas": 0}},
+        "cluster.decode.replicas",
+        "must be >= 1, got 0",
+    ),
+    # A size no fleet has is refused before a replica is built.
+    (
+        {"replicas": 1_000_000},
+        "cluster.replicas",
+        "must be at most 10,000 per pool (each replica is a whole server, built before the "
+        "run), got 1,000,000",
+    ),
+    (
+        {**DISAGGREGATED, "decode": {"replicas": 10_001}},
+        "cluster.decode.replicas",
+        "must be at most 10,000 per pool",
+    ),
     ({"replicas": 2.0}, "cluster.replicas", "must be an integer"),
     (
         {"replicas": 2, "router": "least_outstandin"},
@@ -206,8 +231,14 @@ ERRORS = [
     ),
     (
         {**DISAGGREGATED, "transfer": {"kv_bytes_per_token": 1, "bandwidth_bytes_per_s": 0}},
-        "cluster.transfer",
-        "bandwidth_bytes_per_s",
+        "cluster.transfer.bandwidth_bytes_per_s",
+        "must be >= 1, got 0",
+    ),
+    (
+        {**DISAGGREGATED, "transfer": {"kv_bytes_per_token": 1, "bandwidth_bytes_per_s": 25e9}},
+        "cluster.transfer.bandwidth_bytes_per_s",
+        "must be an integer, got float 25000000000.0 (write 25_000_000_000: whole numbers are "
+        "TOML integers)",
     ),
     (
         {**DISAGGREGATED, "transfer": {"bandwidth_bytes_per_s": 10}},
@@ -227,6 +258,14 @@ def test_errors_name_the_file_the_key_and_the_rule(
     assert raised.value.source == "my.toml"
     assert raised.value.key == key
     assert rule in raised.value.rule
+
+
+def test_a_pool_spec_from_python_keeps_the_files_replica_rule() -> None:
+    with pytest.raises(ValueError, match=r"^replicas must be at most 10,000 per pool .* 10,001$"):
+        PoolSpec(10_001, "round_robin")
+    with pytest.raises(ValueError, match=r"^replicas must be >= 1, got 0$"):
+        PoolSpec(0, "round_robin")
+    assert PoolSpec(np.int64(3), "round_robin").replicas == 3
 
 
 def test_disaggregation_needs_the_batching_engine() -> None:

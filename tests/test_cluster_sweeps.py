@@ -115,13 +115,13 @@ def test_a_sweep_file_searches_a_cluster_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "key", "rule"),
     [
-        ('[grid]\n"cluster.replicas" = [0, 2]\n', "cluster.replicas", "must be at least 1, got 0"),
+        ('[grid]\n"cluster.replicas" = [0, 2]\n', "cluster.replicas", "must be >= 1, got 0"),
         ('[grid]\n"cluster.router" = ["fastest"]\n', "cluster.router", "unknown value 'fastest'"),
         (
             '[capacity]\nparameter = "cluster.replicas"\nlow = 0\nhigh = 4\nfind = "min"\n'
             "[capacity.targets]\nttft_us_p99 = 1\n",
             "cluster.replicas",
-            "must be at least 1, got 0",
+            "must be >= 1, got 0",
         ),
     ],
 )

@@ -27,7 +27,7 @@ it, or any request at a random time. For every run:
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -149,8 +149,9 @@ workloads = st.builds(
 )
 
 
-def requests_of(workload: Workload) -> list[simsim.Request]:
-    """Each request's prompt is whole blocks of its prefix family, plus a few tokens."""
+def requests_of(workload: Workload, hashes: bool = True) -> list[simsim.Request]:
+    """Each request's prompt is whole blocks of its prefix family, plus a few tokens,
+    named by block hashes when *hashes* (a cluster without prefix caches refuses them)."""
     made = []
     for rid, (arrival, family, blocks, extra, output) in enumerate(workload.requests):
         made.append(
@@ -159,7 +160,7 @@ def requests_of(workload: Workload) -> list[simsim.Request]:
                 arrival,
                 blocks * BLOCK + extra,
                 output,
-                block_hashes=[(family, j) for j in range(blocks)],
+                block_hashes=[(family, j) for j in range(blocks)] if hashes else None,
             )
         )
     return made
@@ -265,16 +266,20 @@ def run(setup: Setup, workload: Workload, stepping: bool = False) -> Outcome:
     env = simsim.Environment()
     box: list[DisaggregatedCluster] = []
     recorder = Recorder(make_router(setup.prefill_router), box, setup.refresh_us == 0)
+    decode = list(setup.decode)
+    if setup.decode_router == "prefix_affinity" and not any(p.prefix_cache for p in decode):
+        decode[0] = replace(decode[0], prefix_cache=True)  # it is refused without one
     cluster = DisaggregatedCluster(
         [pool.build(env) for pool in setup.prefill],
-        [pool.build(env) for pool in setup.decode],
+        [pool.build(env) for pool in decode],
         setup.transfer,
         prefill_router=recorder,
         decode_router=setup.decode_router,
         refresh_interval_us=setup.refresh_us,
     )
     box.append(cluster)
-    for request in requests_of(workload):
+    cached = any(pool.prefix_cache for pool in (*setup.prefill, *decode))
+    for request in requests_of(workload, hashes=cached):
         cluster.submit(request)
     completed: dict[int, int] = {}
     tokens: dict[tuple[int, int], int] = {}

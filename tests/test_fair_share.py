@@ -78,11 +78,16 @@ def test_weights_price_prompt_and_output_tokens() -> None:
     assert (sched.prompt_weight, sched.output_weight) == (0.5, 3.0)
 
 
-def test_zero_weights_give_first_come_first_served_across_tenants() -> None:
-    sched = FairShareScheduler(prompt_weight=0, output_weight=0)
-    for rid, (arrival, tenant) in enumerate([(4, "a"), (1, "b"), (3, "a"), (2, "c"), (0, "a")]):
-        sched.enqueue(_q(rid, arrival, tenant))
-    assert _drain(sched) == [4, 1, 3, 2, 0]
+def test_both_weights_zero_are_refused_as_a_weighted_routers_are() -> None:
+    # Once silently first come, first served: nobody was ever charged.
+    with pytest.raises(
+        ValueError,
+        match=r"^FairShareScheduler: prompt_weight=0 and output_weight=0.0: at least one weight "
+        r"must be above 0 \(with both 0 no tenant is ever charged",
+    ):
+        FairShareScheduler(prompt_weight=0, output_weight=0.0)
+    # One weight above 0 is enough.
+    assert FairShareScheduler(prompt_weight=0, output_weight=1).output_weight == 1.0
 
 
 # --------------------------------------------------------------------------- lifting

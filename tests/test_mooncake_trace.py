@@ -35,6 +35,7 @@ def test_rows_become_requests_with_their_full_blocks_hashes(tmp_path: Path) -> N
         (4, 5),
     )
     assert second.max_output_tokens == 7
+    assert [r.block_hashes for r in read_mooncake_trace(trace, block_hashes=False)] == [None, None]
     fast = read_mooncake_trace(trace, time_scale=2, first_request_id=10)
     assert [r.request_id for r in fast] == [10, 11]
     assert fast[1].arrival_time_us == 750 and fast[1].block_hashes == (4, 5)
@@ -115,7 +116,11 @@ def test_the_sample_trace_replays_with_cache_hits(tmp_path: Path) -> None:
     assert summary["prefix_cache_hit_rate_requests"] > 0.5
     off = tmp_path / "off.toml"
     off.write_text(path.read_text().replace("[prefix_cache]\nenabled = true\n", ""), "utf-8")
-    plain = run_scenario(load_scenario(off)).requests_frame()
+    # Without a prefix cache the trace's hash_ids are checked but not attached: the
+    # server would refuse requests naming blocks nothing shares.
+    without = load_scenario(off)
+    assert all(spec.block_hashes is None for spec in without.requests)
+    plain = run_scenario(without).requests_frame()
     # Skipping cached prefills makes first tokens come sooner on average.
     assert frame["ttft_us"].mean() < plain["ttft_us"].mean()
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
@@ -18,7 +20,7 @@ from simsim import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
-from simsim.scenario import ScenarioError, load_scenario, run_scenario
+from simsim.scenario import ScenarioError, check_scenario, load_scenario, run_scenario
 
 COSTS = SimulatedBackendConfig(prefill_base_us=100, prefill_per_token_us=10, decode_base_us=50)
 
@@ -30,6 +32,14 @@ def engine(blocks: int = 20, slots: int = 2) -> BatchingEngine:
         kv_cache=KvCacheConfig(block_size_tokens=4, total_blocks=blocks),
         prefix_cache=True,
     )
+
+
+def refused(path: Path, texts: Sequence[str], pattern: str) -> None:
+    """Each of *texts*, written to *path*, is refused with a message matching *pattern*."""
+    for text in texts:
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ScenarioError, match=pattern):
+            load_scenario(path)
 
 
 def chain(*parts: str) -> tuple[str, ...]:
@@ -89,6 +99,35 @@ def test_the_switch_needs_a_kv_cache_and_a_bool() -> None:
             kv_cache=KvCacheConfig(4, 4),
             prefix_cache=1,  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        lambda: simsim.SimulationEngine(SimulatedBackend(COSTS)),
+        lambda: simsim.FastSimulationEngine(SimulatedBackend(COSTS)),
+        lambda: BatchingEngine(SimulatedBackend(COSTS), max_active_requests=2),
+        lambda: BatchingEngine(
+            SimulatedBackend(COSTS), max_active_requests=2, kv_cache=KvCacheConfig(4, 20)
+        ),
+    ],
+    ids=["single_slot", "fast", "batching", "batching_with_kv_cache"],
+)
+def test_block_hashes_without_a_prefix_cache_are_refused_at_submit(server: Any) -> None:
+    # Once silently ignored: a request named blocks that nothing would ever share.
+    engine_ = server()
+    request = Request(3, 0, 12, 2, block_hashes=chain("s", "t", "a"))
+    with pytest.raises(
+        ValueError,
+        match=r"^request 3 has block_hashes, but this server has no prefix cache to use them; "
+        r"they would be ignored \(a BatchingEngine with a kv_cache and prefix_cache=True shares "
+        r"the blocks they name\): leave them out, or give the server a prefix cache$",
+    ):
+        engine_.submit(request)
+    # Before any state changed: nothing known, the request still pristine and free.
+    assert dict(engine_.requests) == {} and engine_.scheduler_stats.enqueued == 0
+    assert request.is_pristine and request._pending is None
+    assert engine_.submit(Request(3, 0, 12, 2)).request_id == 3
 
 
 def test_more_hashes_than_full_blocks_are_refused_at_submit() -> None:
@@ -293,8 +332,16 @@ def test_a_scenario_file_turns_the_cache_on_and_names_blocks(tmp_path: Path) -> 
     assert scenario.batching is not None and scenario.batching.prefix_cache
     server = run_scenario(scenario)
     assert server.requests_frame()["cached_prompt_tokens"].tolist() == [0, 8]
-    # The cache off: the same file without [prefix_cache] has no hits and no column.
-    path.write_text(SCENARIO.replace("[prefix_cache]\nenabled = true\n", ""), encoding="utf-8")
+    # The cache off: block hashes would be ignored, so they are refused, naming the rule.
+    off = SCENARIO.replace("[prefix_cache]\nenabled = true\n", "")
+    refused(
+        path,
+        (off, SCENARIO.replace("enabled = true", "enabled = false")),
+        r"requests\[0\]\.block_hashes: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]: only a prefix cache shares the blocks they name",
+    )
+    # Without them the file runs, with no hits and no column.
+    path.write_text(re.sub(r"block_hashes = \[.*\]\n", "", off), encoding="utf-8")
     assert "cached_prompt_tokens" not in run_scenario(load_scenario(path)).requests_frame()
 
 
@@ -355,6 +402,31 @@ def test_shared_prefixes_put_a_group_prefix_in_front_of_every_prompt() -> None:
         SharedPrefixes([], block_size_tokens=4)
 
 
+def test_shared_prefixes_refuse_a_request_that_could_never_fit_before_any_hash() -> None:
+    from simsim.workloads import Fixed, OpenLoopWorkload, PoissonArrivals, SharedPrefixes
+
+    prefixes = SharedPrefixes([64], block_size_tokens=16, total_blocks=10)
+    # 64 + 90 prompt and 6 output tokens: exactly the 10 blocks of the cache.
+    fits = OpenLoopWorkload(PoissonArrivals(1.0), Fixed(90), Fixed(6), 3, shared_prefixes=prefixes)
+    assert [len(r.block_hashes or ()) for r in fits.generate(0).requests] == [9, 9, 9]
+    # One more output token: the engine would refuse it at submit; refused at generation,
+    # with the engine's own words, before one block hash exists.
+    grown = OpenLoopWorkload(
+        PoissonArrivals(1.0), Fixed(90), Fixed(7), 3, first_request_id=5, shared_prefixes=prefixes
+    )
+    engine_says = "needs 11 KV blocks for its 154 prompt and 7 output tokens, more than the whole "
+    engine_says += "cache (10 blocks of 16 tokens); it could never run"
+    with pytest.raises(ValueError, match=rf"^request 5 {re.escape(engine_says)}$"):
+        grown.generate(0)
+    server = BatchingEngine(
+        SimulatedBackend(COSTS), max_active_requests=1, kv_cache=KvCacheConfig(16, 10)
+    )
+    with pytest.raises(ValueError, match=rf"^request 5 {re.escape(engine_says)}$"):
+        server.submit(Request(5, 0, 154, 7))
+    with pytest.raises(ValueError, match="total_blocks must be >= 1, got 0"):
+        SharedPrefixes([64], block_size_tokens=16, total_blocks=0)
+
+
 WORKLOAD = """
 [scenario]
 engine = "batching"
@@ -404,6 +476,62 @@ def test_a_scenario_workload_with_shared_prefixes_hits_the_cache(
     path.write_text(WORKLOAD.replace("lengths = [1024, 512]", "lengths = []"), encoding="utf-8")
     with pytest.raises(ScenarioError, match=r"shared_prefixes\.lengths: must be a non-empty"):
         load_scenario(path)
+    # A KV cache alone shares nothing: the hashes would be made and silently ignored.
+    path.write_text(WORKLOAD.replace("[prefix_cache]\nenabled = true\n", ""), encoding="utf-8")
+    with pytest.raises(
+        ScenarioError,
+        match=r"workload\.shared_prefixes: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]",
+    ):
+        load_scenario(path)
+
+
+def test_a_shared_prefix_prompt_too_big_for_the_cache_is_refused_before_generation(
+    tmp_path: Path,
+) -> None:
+    # Once: 8.5 s and 1.35 GB of block hashes for 60 requests, then the engine's refusal.
+    path = tmp_path / "w.toml"
+    path.write_text(
+        WORKLOAD.replace('{ distribution = "uniform", low = 16, high = 256 }', "2_000_000"),
+        encoding="utf-8",
+    )
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(path)  # its generated requests are made when it is loaded
+    assert raised.value.key == "workload"
+    assert re.fullmatch(
+        r"request 0 needs \d+ KV blocks for its 200(1024|0512) prompt and \d+ output tokens, more "
+        r"than the whole cache \(2000 blocks of 16 tokens\); it could never run",
+        raised.value.rule,
+    )
+
+
+def test_the_size_check_before_generation_uses_the_largest_cache_of_a_cluster(
+    tmp_path: Path,
+) -> None:
+    # 1024 + 256 + 64 tokens need 84 blocks: more than [kv_cache]'s 80 (the prefill pool),
+    # fewer than the decode pool's 2000. The check before generation refuses only what no
+    # replica could hold; the replica that cannot is named by the engine's own check.
+    text = WORKLOAD.replace("total_blocks = 2000", "total_blocks = 80").replace(
+        '{ distribution = "uniform", low = 16, high = 256 }', "256"
+    )
+    text = text.replace("output_tokens = [8, 64]", "output_tokens = 64")
+    text = text.replace("lengths = [1024, 512], weights = [3, 1]", "lengths = [1024]")
+    text += """
+[cluster.prefill]
+replicas = 1
+[cluster.decode]
+replicas = 1
+total_blocks = 2000
+[cluster.transfer]
+kv_bytes_per_token = 1
+bandwidth_bytes_per_s = 1_000_000
+"""
+    path = tmp_path / "c.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ScenarioError) as raised:
+        check_scenario(load_scenario(path))
+    assert raised.value.key == "request 0"
+    assert raised.value.rule.endswith("(on replica 0)")
 
 
 # ---------------------------------------------------------------------- conversations
@@ -444,17 +572,14 @@ conversation = true
             shared = min(context // 16, (after.prompt_token_count - 1) // 16)
             assert after.cached_prompt_token_count == 16 * shared
         assert turns[0].cached_prompt_token_count == 0
-    path.write_text(
-        path.read_text(encoding="utf-8")
-        .replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "")
-        .replace("[prefix_cache]\nenabled = true\n", ""),
-        encoding="utf-8",
+    # Without a prefix cache nothing shares the turns' blocks (a KV cache alone neither).
+    text = path.read_text(encoding="utf-8").replace("[prefix_cache]\nenabled = true\n", "")
+    refused(
+        path,
+        (text, text.replace("[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 2000\n", "")),
+        r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\] and "
+        r"\[prefix_cache\]",
     )
-    with pytest.raises(
-        ScenarioError,
-        match=r"workload\.conversation: needs engine = \"batching\" with \[kv_cache\]",
-    ):
-        load_scenario(path)
 
 
 def test_the_iterations_figure_stacks_the_cached_blocks(tmp_path: Path) -> None:
@@ -508,7 +633,8 @@ def test_a_cache_that_can_never_be_shared_changes_nothing_but_recompute(
         (arrival, prompt, output, tuple(f"{rid}:{key}" for key in keys))
         for rid, (arrival, prompt, output, keys) in enumerate(rows)
     ]
-    plain = _run(unique, prefix_cache=False, hashes=True, blocks=blocks, policy=policy)
+    # Without a cache nothing uses the hashes (and the server refuses them): left out.
+    plain = _run(unique, prefix_cache=False, hashes=False, blocks=blocks, policy=policy)
     cached = _run(unique, prefix_cache=True, hashes=True, blocks=blocks, policy=policy)
     assert all(r.cached_prompt_token_count == 0 for r in cached.requests.values())
     if (plain.events_frame()["event_type"] == "REQUEST_PREEMPTED").any():

@@ -275,7 +275,7 @@ BAD_SCENARIOS = [
     pytest.param(
         WORKLOAD.replace("count = 3", "count = -1"),
         "workload.count",
-        "must be >= 0, got -1",
+        "must be >= 1, got -1",
         id="negative-count",
     ),
     pytest.param(
@@ -342,8 +342,42 @@ BAD_SCENARIOS = [
     pytest.param(
         request(0, out="3.0"),
         "requests[0].max_output_tokens",
-        "must be an integer, got float 3.0",
+        "must be an integer, got float 3.0 (write 3: whole numbers are TOML integers)",
         id="float-output",
+    ),
+    pytest.param(
+        request(0, prompt="2e3"),
+        "requests[0].prompt_token_count",
+        "must be an integer, got float 2000.0 (write 2_000: whole numbers are TOML integers)",
+        id="whole-float-count-names-its-spelling",
+    ),
+    pytest.param(
+        request(0, arrival="1e6"),
+        "requests[0].arrival_time_us",
+        "must be an integer number of microseconds, got float 1000000.0 (write 1_000_000: "
+        "whole numbers are TOML integers)",
+        id="whole-float-time-names-its-spelling",
+    ),
+    pytest.param(
+        request(0, prompt="1e300"),
+        "requests[0].prompt_token_count",
+        "must be an integer, got float 1e+300",  # no spelling: a float that large is inexact
+        id="huge-float-count",
+    ),
+    pytest.param(
+        '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = -3\n'
+        + EASY_BACKEND
+        + ONE,
+        "batching.max_active_requests",
+        "must be >= 1, got -3",  # the rule 0 breaks too, not ">= 0"
+        id="negative-slots-say-the-rule-enforced",
+    ),
+    pytest.param(
+        '[scenario]\nengine = "batching"\n[batching]\nmax_active_requests = 4\n'
+        "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 0\n" + EASY_BACKEND + ONE,
+        "kv_cache.total_blocks",
+        "must be >= 1, got 0",
+        id="zero-blocks-named-at-their-key",
     ),
     # ---- unknown keys, with a suggestion when one is close
     pytest.param(

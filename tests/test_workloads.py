@@ -265,7 +265,33 @@ def test_empirical_from_csv_errors_name_the_line(tmp_path: Path, text: str, mess
         (
             lambda: OpenLoopWorkload(PoissonArrivals(1), Fixed(1), Fixed(1), count=-1),
             ValueError,
-            "count",
+            "count must be >= 1, got -1",
+        ),
+        # A workload of no request is refused as users = 0 is: an empty run is a mistake.
+        (
+            lambda: OpenLoopWorkload(PoissonArrivals(1), Fixed(1), Fixed(1), count=0),
+            ValueError,
+            "^count must be >= 1, got 0$",
+        ),
+        # Sizes no run could hold are refused before anything is drawn.
+        (
+            lambda: OpenLoopWorkload(PoissonArrivals(1), Fixed(1), Fixed(1), count=10**12),
+            ValueError,
+            r"^count must be at most 10,000,000 \(every request is held in memory, about 1 GB "
+            r"per million\), got 1,000,000,000,000$",
+        ),
+        (
+            lambda: ClosedLoopWorkload(10**8, Fixed(0), Fixed(1), Fixed(1), horizon_us=5),
+            ValueError,
+            "users must be at most 10,000,000",
+        ),
+        (
+            lambda: ClosedLoopWorkload(
+                1_000, Fixed(0), Fixed(1), Fixed(1), requests_per_user=1_000_000
+            ),
+            ValueError,
+            r"users \* requests_per_user = 1,000 \* 1,000,000 requests, more than the limit of "
+            "10,000,000 per workload",
         ),
         (
             lambda: OpenLoopWorkload(PoissonArrivals(1), Fixed(1), Fixed(1), 1, patience=5),  # type: ignore[arg-type]

@@ -34,9 +34,9 @@ from simsim.admission import (
     check_admission,
 )
 from simsim.clock import Environment, check_count
-from simsim.cluster.routers import ReplicaSnapshot, Router, make_router
+from simsim.cluster.routers import PrefixAffinityRouter, ReplicaSnapshot, Router, make_router
 from simsim.engines.arrivals import PendingArrivals
-from simsim.engines.base import EngineBase
+from simsim.engines.base import EngineBase, unused_block_hashes
 from simsim.engines.batching import BatchingEngine
 from simsim.engines.events import LifecycleEvent
 from simsim.errors import (
@@ -86,6 +86,23 @@ def _probe(engine: EngineBase) -> _Probe:
     """How a snapshot reads *engine*: its load, its slot count, its prefix cache."""
     cache = engine._pool if isinstance(engine, BatchingEngine) else None
     return engine._load, engine.max_active_requests, None if cache is None else cache.match
+
+
+def check_prefix_router(router: Router, replicas: Sequence[EngineBase], pool: str) -> None:
+    """Refuse a :class:`~simsim.cluster.routers.PrefixAffinityRouter` in front of
+    *replicas* none of which has a prefix cache: it would route by nothing (every request
+    to the least loaded) while claiming to follow prefixes. Checked before the cluster
+    changes anything."""
+    if not isinstance(router, PrefixAffinityRouter):
+        return
+    if any(engine._shares_prefixes() for engine in replicas):
+        return
+    raise ValueError(
+        f"router {router!r} sends a request where its prefix is cached, and none of the "
+        f"{len(replicas)} {pool} has a prefix cache (BatchingEngine(..., kv_cache=..., "
+        "prefix_cache=True)): it would send every request to the least loaded; use "
+        "'least_outstanding' for that, or give the replicas a prefix cache"
+    )
 
 
 class _FreshSnapshots(Sequence[ReplicaSnapshot]):
@@ -170,7 +187,9 @@ class Cluster:
         admission: AdmissionControl | None = None,
     ) -> None:
         engines = self._check_replicas(replicas, "replicas")
-        view = _RouterView(make_router(router), tuple(range(len(engines))))
+        front = make_router(router)
+        check_prefix_router(front, engines, "replicas")
+        view = _RouterView(front, tuple(range(len(engines))))
         self._setup(engines, view, refresh_interval_us, admission)
 
     @staticmethod
@@ -247,6 +266,8 @@ class Cluster:
             if rule not in rules:
                 rules.add(rule)
                 self._admission_checks.append((index, engine._check_admissible))
+        # Hashes are used wherever a request meets a prefix cache, on any replica.
+        self._shares_prefixes = any(engine._shares_prefixes() for engine in replicas)
         self._refresh_us = refresh_us
         # Checked here at each arrival; the replicas keep its queue counts (admission
         # and cancellation of a request that never was admitted).
@@ -354,6 +375,10 @@ class Cluster:
             raise ValueError(
                 f"request {rid} arrives at {request.arrival_time_us} us, before the current "
                 f"time {now} us"
+            )
+        if request.block_hashes is not None and not self._shares_prefixes:
+            raise ValueError(
+                unused_block_hashes(rid, "no replica of this cluster has a prefix cache")
             )
         for index, check in self._admission_checks:
             try:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from simsim.admission import AdmissionControl
 from simsim.clock import MAX_TIME_US, check_count, time_overflow
-from simsim.cluster.cluster import Cluster, _probe, _RouterView
+from simsim.cluster.cluster import Cluster, _probe, _RouterView, check_prefix_router
 from simsim.cluster.routers import Router, make_router
 from simsim.engines.base import EngineBase
 from simsim.engines.batching import BatchingEngine
@@ -140,6 +140,8 @@ class DisaggregatedCluster(Cluster):
         back_router = make_router(decode_router)
         if back_router is front_router:
             raise ValueError("prefill_router and decode_router must be two router objects")
+        check_prefix_router(front_router, prefill_pool, "prefill replicas")
+        check_prefix_router(back_router, decode_pool, "decode replicas")
         count = len(prefill_pool)
         for engine in prefill_pool:  # before _setup, which reads each replica's rules
             assert isinstance(engine, BatchingEngine)

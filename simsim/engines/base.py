@@ -66,6 +66,7 @@ __all__ = [
     "lifecycle_handler",
     "positive_int",
     "queued_request",
+    "unused_block_hashes",
 ]
 
 _ARRIVAL = EventType.REQUEST_ARRIVAL
@@ -405,6 +406,8 @@ class EngineBase(ABC):
                 f"request {rid} arrives at {request.arrival_time_us} us, before the current "
                 f"time {now} us"
             )
+        if request.block_hashes is not None and not self._shares_prefixes():
+            raise ValueError(unused_block_hashes(rid, "this server has no prefix cache"))
         self._check_admissible(request)
         # Its arrival is numbered now, as if it entered SimPy's heap now.
         self._arrivals.add(request)
@@ -536,6 +539,10 @@ class EngineBase(ABC):
 
     def _check_admissible(self, request: Request) -> None:  # noqa: B027 (optional hook)
         """Refuse at submit a request this server could never run (hook; accepts all)."""
+
+    def _shares_prefixes(self) -> bool:
+        """Whether a prefix cache uses requests' ``block_hashes`` (hook; no)."""
+        return False
 
     @lifecycle_handler
     def _on_arrival(self, event: LifecycleEvent, request: Request) -> None:
@@ -759,6 +766,16 @@ def queued_request(request: Request) -> QueuedRequest:
         priority=request.priority,
         deadline_us=request.deadline_us,
         tags=request.tags,
+    )
+
+
+def unused_block_hashes(request_id: int, why: str) -> str:
+    """The refusal of request *request_id*'s ``block_hashes`` where nothing uses them
+    (*why*: "this server has no prefix cache", say): they would be silently ignored."""
+    return (
+        f"request {request_id} has block_hashes, but {why} to use them; they would be "
+        "ignored (a BatchingEngine with a kv_cache and prefix_cache=True shares the blocks "
+        "they name): leave them out, or give the server a prefix cache"
     )
 
 

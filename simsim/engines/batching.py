@@ -82,6 +82,18 @@ class KvCacheConfig:
         """Blocks needed to hold *tokens* tokens: ``ceil(tokens / block_size_tokens)``."""
         return -(-tokens // self.block_size_tokens)
 
+    def check_fits(self, request_id: int, prompt_tokens: int, output_tokens: int) -> None:
+        """Refuse (``ValueError``) request *request_id* if its *prompt_tokens* and
+        *output_tokens* need more blocks than the whole cache: it could never run."""
+        need = self.blocks_for(prompt_tokens + output_tokens)
+        if need > self.total_blocks:
+            raise ValueError(
+                f"request {request_id} needs {need} KV blocks for its {prompt_tokens} prompt "
+                f"and {output_tokens} output tokens, more than the whole cache "
+                f"({self.total_blocks} blocks of {self.block_size_tokens} tokens); it could "
+                "never run"
+            )
+
 
 class KvLink(Protocol):
     """How a decode replica moves a handed-over request's KV cache in (see
@@ -344,6 +356,9 @@ class BatchingEngine(EngineBase):
 
     # ------------------------------------------------------------------ submission
 
+    def _shares_prefixes(self) -> bool:
+        return self._pool is not None
+
     def _check_admissible(self, request: Request) -> None:
         cache = self._kv_cache
         if cache is None:
@@ -365,14 +380,7 @@ class BatchingEngine(EngineBase):
         if self._hand_off is not None:
             # A prefill replica holds the prompt and the next token's block, no more.
             output = min(output, 1)
-        need = cache.blocks_for(request.prompt_token_count + output)
-        if need > cache.total_blocks:
-            raise ValueError(
-                f"request {request.request_id} needs {need} KV blocks for its "
-                f"{request.prompt_token_count} prompt and {output} output "
-                f"tokens, more than the whole cache ({cache.total_blocks} blocks of "
-                f"{cache.block_size_tokens} tokens); it could never run"
-            )
+        cache.check_fits(request.request_id, request.prompt_token_count, output)
 
     # ------------------------------------------------------------------ events
 

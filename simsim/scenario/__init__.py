@@ -7,8 +7,9 @@ rule at fault; nothing runs until the whole file is valid. See ``docs/scenarios.
 
 The package, one idea per module:
 
-* ``checker``: reading TOML, :class:`TomlChecker` (typed look-ups, did-you-mean) and
-  :class:`ScenarioError`;
+* ``checker``: reading TOML, :class:`TomlChecker` (typed look-ups, did-you-mean),
+  :class:`ScenarioError` and :class:`ScenarioMemoryError` (out of memory, naming what
+  was being made);
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
   :class:`Cancellation`, :class:`BatchingSpec`, :class:`ClusterSpec` and its
   :class:`PoolSpec`), :data:`Server` (an engine or a cluster), and :data:`ENGINE_BUILDERS`, the one
@@ -21,7 +22,14 @@ The package, one idea per module:
 
 from __future__ import annotations
 
-from simsim.scenario.checker import ScenarioError, TomlChecker, read_toml
+from simsim.scenario.checker import (
+    ScenarioError,
+    ScenarioMemoryError,
+    TomlChecker,
+    lost_allocation,
+    out_of_memory_while,
+    read_toml,
+)
 from simsim.scenario.defaults import default_scenario, default_serve_scenario
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
@@ -49,6 +57,7 @@ __all__ = [
     "RequestSpec",
     "Scenario",
     "ScenarioError",
+    "ScenarioMemoryError",
     "Server",
     "TomlChecker",
     "Workload",
@@ -57,6 +66,8 @@ __all__ = [
     "default_serve_scenario",
     "load_backend",
     "load_scenario",
+    "lost_allocation",
+    "out_of_memory_while",
     "parse_scenario",
     "read_toml",
     "read_trace_csv",

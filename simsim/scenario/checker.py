@@ -8,6 +8,7 @@ scenario: the sweep files use it too.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import tomllib
@@ -18,7 +19,17 @@ from typing import Any, TypeVar
 from simsim.clock import MAX_TIME_US
 from simsim.traces import TraceError
 
-__all__ = ["ScenarioError", "TomlChecker", "from_trace_error", "make", "read_toml"]
+__all__ = [
+    "ScenarioError",
+    "ScenarioMemoryError",
+    "TomlChecker",
+    "from_trace_error",
+    "limited",
+    "lost_allocation",
+    "make",
+    "out_of_memory_while",
+    "read_toml",
+]
 
 
 class ScenarioError(ValueError):
@@ -30,6 +41,54 @@ class ScenarioError(ValueError):
         self.rule = rule
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {rule}")
+
+
+class ScenarioMemoryError(MemoryError):
+    """The machine ran out of memory while a scenario was being built or run.
+
+    The message names the file and what was being made, and how big it was ("while
+    generating the workload's 60 requests"), so that the user knows what to make smaller.
+    """
+
+    def __init__(self, source: str, doing: str) -> None:
+        self.source = source
+        self.doing = doing
+        super().__init__(
+            f"{source}: out of memory while {doing}; make that smaller, or give simsim more memory"
+        )
+
+
+# What CPython says when C code returns failure without an exception: under a memory
+# cap, an allocation whose MemoryError was lost on the way (seen as "internal error:
+# SystemError" from SimulationEngine.__init__ and BatchingEngine(...) calls).
+_LOST_ALLOCATION = (
+    "error return without exception set",
+    "returned NULL without setting an exception",
+    "returned a result with an exception set",
+)
+
+
+def lost_allocation(error: BaseException) -> bool:
+    """Whether *error* is a failed allocation: a ``MemoryError``, or the ``SystemError``
+    CPython raises when the ``MemoryError`` of a failed allocation got lost."""
+    if isinstance(error, MemoryError):
+        return True
+    return isinstance(error, SystemError) and any(text in str(error) for text in _LOST_ALLOCATION)
+
+
+@contextlib.contextmanager
+def out_of_memory_while(source: str, doing: Callable[[], str]) -> Iterator[None]:
+    """Turn running out of memory inside the block into a :class:`ScenarioMemoryError`
+    that says what was being made: ``doing()`` (called only then) describes it."""
+    try:
+        yield
+    except ScenarioMemoryError:
+        raise
+    except (MemoryError, SystemError) as error:
+        if not lost_allocation(error):
+            raise
+        # Unwinding the block has freed what it was building: there is room to report.
+        raise ScenarioMemoryError(source, doing()) from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -81,6 +140,15 @@ def make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **
         raise check.fail(at, str(error)) from None
 
 
+def limited(check: TomlChecker, at: str, name: str, limit: Callable[[int], int], value: int) -> int:
+    """``limit(value)``, a Python-side rule (such as a cap on a count), whose
+    ``ValueError`` ("*name* must be at most ...") is reported at *at* without its name."""
+    try:
+        return limit(value)
+    except ValueError as error:
+        raise check.fail(at, str(error).removeprefix(f"{name} ")) from None
+
+
 class TomlChecker:
     """Typed look-ups into parsed TOML that raise :class:`ScenarioError` on bad input."""
 
@@ -126,14 +194,26 @@ class TomlChecker:
             raise self.fail(_join(where, key), "missing required key")
         return default
 
-    def integer(self, table: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+    def integer(
+        self,
+        table: Mapping[str, Any],
+        key: str,
+        where: str,
+        default: Any = None,
+        *,
+        minimum: int = 0,
+    ) -> int:
+        """A whole number from *minimum* to ``2**63 - 1``: a count, a size, an id."""
         value = self._get(table, key, where, _REQUIRED if default is None else default)
+        at = _join(where, key)
         if type(value) is not int:
-            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
-        if value < 0:
-            raise self.fail(_join(where, key), f"must be >= 0, got {value}")
+            raise self.fail(
+                at, f"must be an integer, got {_kind(value)} {value!r}{_spelling(value)}"
+            )
+        if value < minimum:
+            raise self.fail(at, f"must be >= {minimum}, got {value}")
         if value > MAX_TIME_US:
-            raise self.fail(_join(where, key), f"must be at most 2**63 - 1, got {value}")
+            raise self.fail(at, f"must be at most 2**63 - 1, got {value}")
         return value
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
@@ -163,7 +243,10 @@ class TomlChecker:
         """An integer that may be negative (a priority), within the signed 64-bit range."""
         value = self._get(table, key, where, default)
         if type(value) is not int:
-            raise self.fail(_join(where, key), f"must be an integer, got {_kind(value)} {value!r}")
+            raise self.fail(
+                _join(where, key),
+                f"must be an integer, got {_kind(value)} {value!r}{_spelling(value)}",
+            )
         if not -MAX_TIME_US - 1 <= value <= MAX_TIME_US:
             raise self.fail(_join(where, key), f"must fit in 64 bits, got {value}")
         return value
@@ -188,7 +271,8 @@ class TomlChecker:
         if type(value) is not int:
             raise self.fail(
                 _join(where, key),
-                f"must be an integer number of microseconds, got {_kind(value)} {value!r}",
+                f"must be an integer number of microseconds, got {_kind(value)} {value!r}"
+                f"{_spelling(value)}",
             )
         if value < 0:
             raise self.fail(_join(where, key), f"must be >= 0 microseconds, got {value}")
@@ -207,8 +291,10 @@ class TomlChecker:
     def optional_number(self, table: Mapping[str, Any], key: str, where: str) -> float | None:
         return None if key not in table else self.number(table, key, where)
 
-    def optional_integer(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
-        return None if key not in table else self.integer(table, key, where)
+    def optional_integer(
+        self, table: Mapping[str, Any], key: str, where: str, *, minimum: int = 0
+    ) -> int | None:
+        return None if key not in table else self.integer(table, key, where, minimum=minimum)
 
     def optional_time(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
         return None if key not in table else self.time(table, key, where)
@@ -249,6 +335,18 @@ class TomlChecker:
 
 
 _REQUIRED: Any = object()
+
+
+def _spelling(value: object) -> str:
+    """How to write a whole float (``25e9``) as the TOML integer it means, for a message.
+
+    TOML keeps integers and floats apart, and so does simsim: a count or a time written
+    as a float is refused, with its integer spelling shown (past ``2**53`` a float no
+    longer holds every whole number exactly, so no spelling is guessed there).
+    """
+    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+        return f" (write {int(value):_}: whole numbers are TOML integers)"
+    return ""
 
 
 def _join(where: str, key: str) -> str:

@@ -15,12 +15,12 @@ from simsim.backend import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
-from simsim.clock import Environment
+from simsim.clock import Environment, check_count
 from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, Router, make_router
 from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
 from simsim.engines.base import EngineBase
 from simsim.request import Request
-from simsim.scenario.checker import ScenarioError
+from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scheduler import Scheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.wording import counted
@@ -35,6 +35,7 @@ from simsim.workloads import (
 __all__ = [
     "ENGINES",
     "ENGINE_BUILDERS",
+    "MAX_REPLICAS",
     "SCHEDULERS",
     "SCHEDULER_OPTIONS",
     "BatchingSpec",
@@ -46,6 +47,7 @@ __all__ = [
     "Scenario",
     "Server",
     "Workload",
+    "check_replicas",
 ]
 
 SCHEDULER_OPTIONS: Mapping[str, tuple[str, ...]] = {
@@ -163,6 +165,26 @@ SEEDED_ROUTERS = ("random", "power_of_two")
 _SEED_LIMIT = 2**63
 """Router seeds, like scenario seeds, are below this."""
 
+MAX_REPLICAS = 10_000
+"""The most replicas one pool of a scenario's cluster may have.
+
+Each replica is a whole server, built before the first request is checked: a million
+take a minute and gigabytes. Real fleets are far smaller, so a larger count is refused
+before anything is built.
+"""
+
+
+def check_replicas(value: object) -> int:
+    """*value* as a pool's replica count: an ``int`` from 1 to :data:`MAX_REPLICAS`
+    (``ValueError`` otherwise, ``TypeError`` for a non-integer)."""
+    replicas = check_count(value, "replicas", minimum=1)
+    if replicas > MAX_REPLICAS:
+        raise ValueError(
+            f"replicas must be at most {MAX_REPLICAS:,} per pool (each replica is a whole "
+            f"server, built before the run), got {replicas:,}"
+        )
+    return replicas
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
@@ -180,6 +202,9 @@ class PoolSpec:
     seed: int | None = None
     weights: tuple[tuple[str, float], ...] | None = None
     batching: BatchingSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicas", check_replicas(self.replicas))
 
     def make_router(self, scenario_seed: int) -> Router:
         """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""
@@ -272,10 +297,12 @@ class Scenario:
 
     @functools.cached_property
     def _generated(self) -> GeneratedWorkload | None:
-        if not isinstance(self.workload, OpenLoopWorkload | ClassMix):
+        workload = self.workload
+        if not isinstance(workload, OpenLoopWorkload | ClassMix):
             return None
         try:
-            return self.workload.generate(self.seed)
+            with out_of_memory_while(self.source, lambda: _generating(workload)):
+                return workload.generate(self.seed)
         except (ValueError, OverflowError) as error:
             raise ScenarioError(self.source, "workload", str(error)) from None
 
@@ -299,7 +326,16 @@ class Scenario:
         """What the scenario runs on, new and idle: its engine, or with ``[cluster]`` a
         :class:`~simsim.Cluster` (or :class:`~simsim.DisaggregatedCluster`) of such
         engines on one environment, each with its own scheduler and backend."""
-        env = env or Environment()
+        with out_of_memory_while(self.source, self._building):
+            return self._build(env or Environment())
+
+    def _building(self) -> str:
+        """What :meth:`build` makes, for an out-of-memory message."""
+        if self.cluster is None:
+            return "building the server"
+        return f"building the cluster's {self.cluster.replica_count:,} replicas"
+
+    def _build(self, env: Environment) -> Server:
         spec = self.cluster
         if spec is None:
             return self._build_server(env, self.batching)
@@ -368,7 +404,10 @@ class Scenario:
         specs = list(self.requests)
         generated = self.generated()
         if generated is not None:
-            specs.extend(RequestSpec.of(request) for request in generated.requests)
+            with out_of_memory_while(
+                self.source, lambda: f"listing the workload's {len(generated.requests):,} requests"
+            ):
+                specs.extend(RequestSpec.of(request) for request in generated.requests)
         seen: set[int] = set()
         for spec in specs:
             if spec.request_id in seen:
@@ -381,6 +420,18 @@ class Scenario:
             seen.add(spec.request_id)
         specs.sort(key=lambda s: s.request_id)
         return tuple(specs)
+
+
+def _generating(workload: OpenLoopWorkload | ClassMix) -> str:
+    """What generating *workload* makes, for an out-of-memory message."""
+    what = f"generating the workload's {workload.count:,} requests"
+    prefixes = workload.shared_prefixes if isinstance(workload, OpenLoopWorkload) else None
+    if prefixes is not None:
+        what += (
+            f" and their block hashes (one per {prefixes.block_size_tokens}-token block of "
+            "each prompt)"
+        )
+    return what
 
 
 def decode_router_seed(scenario_seed: int) -> int:

@@ -22,7 +22,7 @@ from simsim.clock import Environment
 from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
-from simsim.scenario.checker import ScenarioError, TomlChecker, make, read_toml
+from simsim.scenario.checker import ScenarioError, TomlChecker, limited, make, read_toml
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
     SCHEDULER_OPTIONS,
@@ -34,6 +34,7 @@ from simsim.scenario.model import (
     PoolSpec,
     RequestSpec,
     Scenario,
+    check_replicas,
 )
 from simsim.scenario.trace_table import parse_trace
 from simsim.scenario.workload_table import METADATA_KEYS, parse_metadata, parse_workload
@@ -162,6 +163,13 @@ def parse_scenario(
 
     scheduler, scheduler_options = _parse_scheduler(check, data)
 
+    # The server before the requests: a request's block hashes need its prefix cache, and
+    # shared prefixes name its blocks and are checked against its size before a single
+    # block hash is made.
+    batching = _parse_batching(check, data, engine)
+    prefix_cache = batching is not None and batching.prefix_cache
+    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+
     specs: list[RequestSpec] = []
     for index, row in enumerate(check.array_of_tables(data, "requests")):
         where = f"requests[{index}]"
@@ -177,7 +185,7 @@ def parse_scenario(
                 check.time(row, "arrival_time_us", where),
                 check.integer(row, "prompt_token_count", where),
                 check.integer(row, "max_output_tokens", where),
-                block_hashes=check.hashes(row, "block_hashes", where),
+                block_hashes=_block_hashes(check, row, where, prefix_cache),
                 request_class=request_class,
                 deadline_us=check.optional_time(row, "deadline_us", where),
                 **parse_metadata(check, row, where),
@@ -185,17 +193,16 @@ def parse_scenario(
         )
 
     if "trace" in data:
-        specs.extend(parse_trace(check, check.table(data, "trace", "trace"), base_dir))
+        trace = check.table(data, "trace", "trace")
+        specs.extend(parse_trace(check, trace, base_dir, prefix_cache))
 
     workload = None
     if "workload" in data:
-        kv = data.get("kv_cache")
-        block = kv.get("block_size_tokens") if isinstance(kv, dict) else None
         workload = parse_workload(
             check,
             check.table(data, "workload", "workload"),
             base_dir,
-            block if type(block) is int and block > 0 else None,
+            _shared_cache(batching, cluster),
         )
 
     if require_requests and not specs and workload is None:
@@ -203,8 +210,6 @@ def parse_scenario(
             source, "", "the scenario has no requests: add [[requests]], [trace] or [workload]"
         )
 
-    batching = _parse_batching(check, data, engine)
-    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
     admission = _parse_admission(check, data, cluster) if "admission" in data else None
     if admission is not None:
         _check_limit_names(check, admission, specs, workload)
@@ -326,7 +331,7 @@ def _parse_admission(
             Limit,
             max_queued=check.optional_integer(row, "max_queued", where),
             rate_per_s=check.optional_number(row, "rate_per_s", where),
-            burst=check.integer(row, "burst", where, default=1),
+            burst=check.integer(row, "burst", where, default=1, minimum=1),
         )
     return make(check, "admission", AdmissionControl, limits, key=key)
 
@@ -401,6 +406,37 @@ def _parse_backend(
     return FittedBackendConfig(**values)
 
 
+def _block_hashes(
+    check: TomlChecker, row: Mapping[str, Any], where: str, prefix_cache: bool
+) -> tuple[int | str, ...] | None:
+    """A ``[[requests]]`` entry's ``block_hashes``: only a prefix cache uses them."""
+    hashes = check.hashes(row, "block_hashes", where)
+    if hashes is not None and not prefix_cache:
+        raise check.fail(
+            f"{where}.block_hashes",
+            'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
+            "shares the blocks they name, and without one they would be ignored",
+        )
+    return hashes
+
+
+def _shared_cache(
+    batching: BatchingSpec | None, cluster: ClusterSpec | None
+) -> KvCacheConfig | None:
+    """The KV cache whose blocks a workload's requests may share: the scenario's, with a
+    prefix cache (``None`` without one), at the size of the largest one any replica has,
+    so a request that fits none of them is refused before its hashes are made."""
+    if batching is None or not batching.prefix_cache or batching.kv_cache is None:
+        return None
+    pools = () if cluster is None else cluster.pools()
+    largest = max(
+        spec.kv_cache.total_blocks
+        for spec in (batching, *(pool.batching for pool in pools))
+        if spec is not None and spec.kv_cache is not None
+    )
+    return KvCacheConfig(batching.kv_cache.block_size_tokens, largest)
+
+
 def _check_trace_blocks(
     check: TomlChecker, data: Mapping[str, Any], batching: BatchingSpec | None
 ) -> None:
@@ -438,8 +474,8 @@ def _parse_batching(
             check,
             "kv_cache",
             KvCacheConfig,
-            check.integer(kv_table, "block_size_tokens", "kv_cache"),
-            check.integer(kv_table, "total_blocks", "kv_cache"),
+            check.integer(kv_table, "block_size_tokens", "kv_cache", minimum=1),
+            check.integer(kv_table, "total_blocks", "kv_cache", minimum=1),
         )
     prefix_cache = False
     if "prefix_cache" in data:
@@ -451,8 +487,8 @@ def _parse_batching(
                 "prefix_cache", "needs [kv_cache]: the cache shares and keeps its KV blocks"
             )
     spec = BatchingSpec(
-        max_active_requests=check.integer(table, "max_active_requests", "batching"),
-        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching"),
+        max_active_requests=check.integer(table, "max_active_requests", "batching", minimum=1),
+        max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching", minimum=1),
         policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
@@ -470,9 +506,10 @@ def _parse_cluster(
     table = check.table(data, "cluster", "cluster")
     check.keys(table, _CLUSTER_KEYS, "cluster")
     refresh = check.time(table, "refresh_interval_us", "cluster", default=0)
+    prefix_cache = batching is not None and batching.prefix_cache
     parts = [name for name in _POOLS if name in table]
     if not parts:
-        pool = _parse_pool(check, table, "cluster", None)
+        pool = _parse_pool(check, table, "cluster", None, prefix_cache)
         return ClusterSpec(pool=pool, refresh_interval_us=refresh)
     missing = [name for name in _POOLS if name not in table]
     if missing:
@@ -500,6 +537,7 @@ def _parse_cluster(
             _checked(check, check.table(table, name, f"cluster.{name}"), f"cluster.{name}"),
             f"cluster.{name}",
             batching,
+            prefix_cache,
         )
         for name in ("prefill", "decode")
     )
@@ -509,9 +547,11 @@ def _parse_cluster(
         check,
         "cluster.transfer",
         KvTransferConfig,
-        kv_bytes_per_token=check.integer(transfer_table, "kv_bytes_per_token", "cluster.transfer"),
+        kv_bytes_per_token=check.integer(
+            transfer_table, "kv_bytes_per_token", "cluster.transfer", minimum=1
+        ),
         bandwidth_bytes_per_s=check.integer(
-            transfer_table, "bandwidth_bytes_per_s", "cluster.transfer"
+            transfer_table, "bandwidth_bytes_per_s", "cluster.transfer", minimum=1
         ),
         base_us=check.time(transfer_table, "base_us", "cluster.transfer", default=0),
     )
@@ -526,15 +566,32 @@ def _checked(check: TomlChecker, table: Mapping[str, Any], where: str) -> Mappin
 
 
 def _parse_pool(
-    check: TomlChecker, table: Mapping[str, Any], where: str, batching: BatchingSpec | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    where: str,
+    batching: BatchingSpec | None,
+    prefix_cache: bool,
 ) -> PoolSpec:
     """A pool's replica count, router and router options (its keys already checked);
-    with *batching* (a disaggregated pool), also its overrides of the batching server."""
-    replicas = check.integer(table, "replicas", where)
-    if replicas < 1:
-        raise check.fail(f"{where}.replicas", f"must be at least 1, got {replicas}")
+    with *batching* (a disaggregated pool), also its overrides of the batching server.
+    *prefix_cache*: whether the replicas have one (``prefix_affinity`` needs it)."""
+    replicas = limited(
+        check,
+        f"{where}.replicas",
+        "replicas",
+        check_replicas,
+        check.integer(table, "replicas", where, minimum=1),
+    )
     name = where.rpartition(".")[2]
     router = check.choice(table, "router", where, tuple(ROUTERS), default=_DEFAULT_ROUTERS[name])
+    if router == "prefix_affinity" and not prefix_cache:
+        raise check.fail(
+            f"{where}.router",
+            "'prefix_affinity' sends a request where its prefix is cached, and the replicas "
+            'have no prefix cache (engine = "batching" with [kv_cache] and [prefix_cache]): '
+            "it would send every request to the least loaded; use 'least_outstanding' for "
+            "that, or add [prefix_cache]",
+        )
     seed = None
     if "seed" in table:
         if router not in SEEDED_ROUTERS:
@@ -578,15 +635,15 @@ def _pool_batching(
             f"{where}.total_blocks",
             KvCacheConfig,
             kv_cache.block_size_tokens,
-            check.integer(table, "total_blocks", where),
+            check.integer(table, "total_blocks", where, minimum=1),
         )
     spec = replace(
         batching,
         max_active_requests=check.integer(
-            table, "max_active_requests", where, default=batching.max_active_requests
+            table, "max_active_requests", where, default=batching.max_active_requests, minimum=1
         ),
         max_batch_tokens=(
-            check.integer(table, "max_batch_tokens", where)
+            check.integer(table, "max_batch_tokens", where, minimum=1)
             if "max_batch_tokens" in table
             else batching.max_batch_tokens
         ),

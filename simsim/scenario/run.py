@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from simsim.cluster import Cluster, DisaggregatedCluster
-from simsim.scenario.checker import ScenarioError
+from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.model import RequestSpec, Scenario, Server
 from simsim.workloads import ClosedLoopWorkload
 
@@ -43,18 +43,27 @@ def run_scenario(
     if isinstance(scenario.workload, ClosedLoopWorkload):
         scenario.workload.start(env, engine, scenario.seed)
     total = max(len(specs), 1)
-    if progress is None:
-        engine.run()
-        return engine
-    step = engine.run_next_timestamp
-    admitted = _admitted_counter(engine)
-    count = 0
-    while step() is not None:
-        count += 1
-        if count % 4096 == 0:
-            progress(min(admitted(), total), total)
+    with out_of_memory_while(scenario.source, lambda: _running(scenario, len(specs))):
+        if progress is None:
+            engine.run()
+            return engine
+        step = engine.run_next_timestamp
+        admitted = _admitted_counter(engine)
+        count = 0
+        while step() is not None:
+            count += 1
+            if count % 4096 == 0:
+                progress(min(admitted(), total), total)
     progress(total, total)
     return engine
+
+
+def _running(scenario: Scenario, known: int) -> str:
+    """What a run holds, for an out-of-memory message: its requests and their records."""
+    what = f"running the simulation of {known:,} requests"
+    if isinstance(scenario.workload, ClosedLoopWorkload):
+        what += f" and {scenario.workload.users:,} closed-loop users"
+    return what + " (its records grow with every event)"
 
 
 def check_scenario(scenario: Scenario) -> list[RequestSpec]:
@@ -86,19 +95,26 @@ def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> Server:
     """A new engine (or cluster) for *scenario* with every one of *specs* submitted,
     not yet run."""
     engine = scenario.build()
-    for spec in specs:
-        try:
-            engine.submit(spec.to_request())
-        except (ValueError, OverflowError) as error:
-            key = f"request {spec.request_id}"
-            message = str(error)
-            # A cluster names the replica first: "replica 2: request 7 needs ...".
-            head, colon, rest = message.partition(": ")
-            if colon and head.startswith("replica ") and rest.startswith(f"{key} "):
-                message = f"{rest.removeprefix(f'{key} ')} (on {head})"
-            rule = message.removeprefix(f"{key} ")
-            raise ScenarioError(scenario.source, key, rule) from None
+    submitting = f"submitting the scenario's {len(specs):,} requests"
+    with out_of_memory_while(scenario.source, lambda: submitting):
+        for spec in specs:
+            _submit(scenario, engine, spec)
     return engine
+
+
+def _submit(scenario: Scenario, engine: Server, spec: RequestSpec) -> None:
+    """Submit *spec*'s request; a refusal becomes a :class:`ScenarioError` naming it."""
+    try:
+        engine.submit(spec.to_request())
+    except (ValueError, OverflowError) as error:
+        key = f"request {spec.request_id}"
+        message = str(error)
+        # A cluster names the replica first: "replica 2: request 7 needs ...".
+        head, colon, rest = message.partition(": ")
+        if colon and head.startswith("replica ") and rest.startswith(f"{key} "):
+            message = f"{rest.removeprefix(f'{key} ')} (on {head})"
+        rule = message.removeprefix(f"{key} ")
+        raise ScenarioError(scenario.source, key, rule) from None
 
 
 def _canceller(engine: Server, request_id: int) -> Callable[[Any], None]:

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from simsim.scenario.checker import TomlChecker, from_trace_error
+from simsim.request import Request
+from simsim.scenario.checker import TomlChecker, from_trace_error, out_of_memory_while
 from simsim.scenario.model import RequestSpec
 from simsim.traces import (
     MOONCAKE_BLOCK_SIZE,
@@ -33,9 +34,17 @@ _TRACE_KEYS = (
 
 
 def parse_trace(
-    check: TomlChecker, table: Mapping[str, Any], base_dir: Path | None
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    prefix_cache: bool = False,
 ) -> list[RequestSpec]:
-    """The requests of a ``[trace]`` table; *base_dir* anchors a relative path."""
+    """The requests of a ``[trace]`` table; *base_dir* anchors a relative path.
+
+    A Mooncake trace's ``hash_ids`` become block hashes only with a *prefix_cache* (the
+    scenario's server has one); otherwise they are checked and left out, as other
+    columns the server does not use are.
+    """
     check.keys(table, _TRACE_KEYS, "trace")
     path = Path(check.string(table, "path", "trace"))
     if not path.is_absolute() and base_dir is not None:
@@ -59,31 +68,8 @@ def parse_trace(
             instead = f"use {' and '.join(window_keys)}" if window_keys else "it has no window"
             raise check.fail(f"trace.{key}", f"not for format {fmt!r}; {instead}")
     try:
-        if fmt == "plain":
-            requests = read_plain_trace(
-                path,
-                time_scale=time_scale,
-                window_start_us=check.optional_time(table, "window_start_us", "trace"),
-                window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
-                first_request_id=first,
-            )
-        elif fmt == "mooncake":
-            requests = read_mooncake_trace(
-                path,
-                block_size_tokens=check.integer(
-                    table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE
-                ),
-                time_scale=time_scale,
-                first_request_id=first,
-            )
-        else:
-            requests = read_azure_trace(
-                path,
-                time_scale=time_scale,
-                window_start_s=check.optional_number(table, "window_start_s", "trace"),
-                window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
-                first_request_id=first,
-            )
+        with out_of_memory_while(check.source, lambda: f"reading the trace {path}"):
+            requests = _read(check, table, path, fmt, time_scale, first, prefix_cache)
     except TraceOverflowError as error:
         # The trace is fine; this file's time_scale or first_request_id pushed it too far.
         raise check.fail(f"trace.{error.argument}", str(error)) from None
@@ -92,6 +78,43 @@ def parse_trace(
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail("trace", str(error)) from None
     return [RequestSpec.of(request) for request in requests]
+
+
+def _read(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    path: Path,
+    fmt: str,
+    time_scale: float,
+    first: int,
+    prefix_cache: bool,
+) -> list[Request]:
+    """The trace's requests, read in its format with the table's options."""
+    if fmt == "plain":
+        return read_plain_trace(
+            path,
+            time_scale=time_scale,
+            window_start_us=check.optional_time(table, "window_start_us", "trace"),
+            window_duration_us=check.optional_time(table, "window_duration_us", "trace"),
+            first_request_id=first,
+        )
+    if fmt == "mooncake":
+        return read_mooncake_trace(
+            path,
+            block_size_tokens=check.integer(
+                table, "block_size_tokens", "trace", default=MOONCAKE_BLOCK_SIZE, minimum=1
+            ),
+            time_scale=time_scale,
+            first_request_id=first,
+            block_hashes=prefix_cache,
+        )
+    return read_azure_trace(
+        path,
+        time_scale=time_scale,
+        window_start_s=check.optional_number(table, "window_start_s", "trace"),
+        window_duration_s=check.optional_number(table, "window_duration_s", "trace"),
+        first_request_id=first,
+    )
 
 
 def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[RequestSpec]:

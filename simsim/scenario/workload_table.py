@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from simsim.clock import MAX_TIME_US
-from simsim.scenario.checker import ScenarioError, TomlChecker, from_trace_error, make
+from simsim.engines import KvCacheConfig
+from simsim.scenario.checker import (
+    ScenarioError,
+    TomlChecker,
+    from_trace_error,
+    limited,
+    make,
+)
 from simsim.scenario.model import Workload
 from simsim.traces import TraceError
 from simsim.workloads import (
@@ -26,6 +33,7 @@ from simsim.workloads import (
     RequestClass,
     SharedPrefixes,
     Uniform,
+    check_request_count,
 )
 
 __all__ = ["METADATA_KEYS", "parse_metadata", "parse_workload"]
@@ -86,24 +94,18 @@ _DISTRIBUTION_KEYS = {
 }
 
 
-MAX_GENERATED_REQUESTS = 10_000_000
-"""The most requests (or closed-loop users) one ``[workload]`` may ask for.
-
-A run holds every request in memory, about 1 GB per million on the fast engine (more on
-the others); a larger count is refused before anything is allocated.
-"""
-
-
 def parse_workload(
     check: TomlChecker,
     table: Mapping[str, Any],
     base_dir: Path | None,
-    block_size_tokens: int | None = None,
+    shared_cache: KvCacheConfig | None = None,
 ) -> Workload:
     """The workload of a ``[workload]`` table (open or closed loop).
 
-    *block_size_tokens* is the scenario's KV block size (``[kv_cache]``), which
-    ``shared_prefixes`` names its blocks in; without one, ``shared_prefixes`` is refused.
+    *shared_cache* is the scenario's KV cache when it has a prefix cache (``None``
+    otherwise): ``shared_prefixes`` and ``conversation`` name its blocks, and are refused
+    without one; a shared-prefix request that needs more blocks than it holds is
+    refused before any block hash is made.
     """
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
@@ -112,12 +114,10 @@ def parse_workload(
             return _parse_class_mix(check, table, base_dir)
         if kind == "closed_loop":
             check.keys(table, _CLOSED_LOOP_KEYS, where)
-            users = _bounded_count(check, table, "users")
-            per_user = check.optional_integer(table, "requests_per_user", where)
+            users = _request_count(check, table, "users")
+            per_user = check.optional_integer(table, "requests_per_user", where, minimum=1)
             first = check.integer(table, "first_request_id", where, default=0)
-            if per_user is not None:
-                _check_ids(check, first, users * per_user)
-            return ClosedLoopWorkload(
+            closed = ClosedLoopWorkload(
                 users=users,
                 think_time_us=_parse_distribution(check, table, "think_time_us", base_dir),
                 prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
@@ -126,12 +126,13 @@ def parse_workload(
                 horizon_us=check.optional_time(table, "horizon_us", where),
                 first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
-                conversation_block_size_tokens=_conversation_blocks(
-                    check, table, block_size_tokens
-                ),
+                conversation_block_size_tokens=_conversation_blocks(check, table, shared_cache),
             )
+            if per_user is not None:
+                _check_ids(check, first, users * per_user)
+            return closed
         check.keys(table, _OPEN_LOOP_KEYS, where)
-        count = _bounded_count(check, table, "count")
+        count = _request_count(check, table, "count")
         first = check.integer(table, "first_request_id", where, default=0)
         _check_ids(check, first, count)
         return OpenLoopWorkload(
@@ -142,7 +143,7 @@ def parse_workload(
             patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
             first_request_id=first,
             start_us=check.time(table, "start_time_us", where, default=0),
-            shared_prefixes=_parse_shared_prefixes(check, table, block_size_tokens),
+            shared_prefixes=_parse_shared_prefixes(check, table, shared_cache),
         )
     except ScenarioError:
         raise
@@ -182,7 +183,7 @@ def _parse_class_mix(
     rows = list(check.array_of_tables(table, "classes", "workload.classes"))
     if not rows:
         raise check.fail("workload.classes", "needs at least one [[workload.classes]] table")
-    total = _bounded_count(check, table, "total") if "total" in table else None
+    total = _request_count(check, table, "total") if "total" in table else None
     classes: list[RequestClass] = []
     names: dict[str, int] = {}
     for index, row in enumerate(rows):
@@ -207,7 +208,7 @@ def _parse_class_mix(
                     f"the workload has total = {total}: give every class a count and no "
                     "total, or a total and (optionally) shares",
                 )
-            count = _bounded_count(check, row, "count", where)
+            count = _request_count(check, row, "count", where)
         elif total is None:
             raise check.fail(
                 f"{where}.count",
@@ -245,39 +246,34 @@ def _parse_class_mix(
         first_request_id=first,
         start_us=check.time(table, "start_time_us", "workload", default=0),
     )
-    if mix.count > MAX_GENERATED_REQUESTS:
-        raise check.fail(
-            "workload.classes",
-            f"the classes make {mix.count:,} requests, more than the limit of "
-            f"{MAX_GENERATED_REQUESTS:,} per workload (every request is held in memory)",
-        )
     _check_ids(check, first, mix.count)
     return mix
 
 
 def _conversation_blocks(
-    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
 ) -> int | None:
-    """``conversation = true``: each user is a multi-turn conversation (needs [kv_cache])."""
+    """``conversation = true``: each user is a multi-turn conversation (needs a prefix
+    cache)."""
     if not check.boolean(table, "conversation", "workload", default=False):
         return None
-    if block_size_tokens is None:
+    if shared_cache is None:
         raise check.fail(
             "workload.conversation",
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: turns share its blocks',
         )
-    return block_size_tokens
+    return shared_cache.block_size_tokens
 
 
 def _parse_shared_prefixes(
-    check: TomlChecker, table: Mapping[str, Any], block_size_tokens: int | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
 ) -> SharedPrefixes | None:
     if "shared_prefixes" not in table:
         return None
     where = "workload.shared_prefixes"
     prefixes = check.table(table, "shared_prefixes", where)
     check.keys(prefixes, _SHARED_PREFIX_KEYS, where)
-    if block_size_tokens is None:
+    if shared_cache is None:
         raise check.fail(
             where,
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: requests share its '
@@ -294,22 +290,20 @@ def _parse_shared_prefixes(
     ):
         raise check.fail(f"{where}.weights", f"must be an array of numbers, got {weights!r}")
     try:
-        return SharedPrefixes(lengths, block_size_tokens, weights)
+        return SharedPrefixes(
+            lengths, shared_cache.block_size_tokens, weights, shared_cache.total_blocks
+        )
     except (TypeError, ValueError) as error:
         raise check.fail(where, str(error)) from None
 
 
-def _bounded_count(
+def _request_count(
     check: TomlChecker, table: Mapping[str, Any], key: str, where: str = "workload"
 ) -> int:
-    value = check.integer(table, key, where)
-    if value > MAX_GENERATED_REQUESTS:
-        raise check.fail(
-            f"{where}.{key}",
-            f"{value:,} is more than the limit of {MAX_GENERATED_REQUESTS:,} per workload "
-            "(every request is held in memory, about 1 GB per million)",
-        )
-    return value
+    """How many requests (or users) a workload makes: 1 to
+    :data:`~simsim.workloads.MAX_GENERATED_REQUESTS`, checked before anything is drawn."""
+    value = check.integer(table, key, where, minimum=1)
+    return limited(check, f"{where}.{key}", key, lambda v: check_request_count(v, key), value)
 
 
 def _check_ids(check: TomlChecker, first: int, count: int) -> None:
@@ -370,7 +364,7 @@ def _parse_distribution(
     if isinstance(value, list):
         low, high = check.int_range(table, key, where)
         return make(check, at, Uniform, low, high)
-    if type(value) is int:
+    if type(value) in (int, float):  # a float is refused, with its integer spelling
         return make(check, at, Fixed, check.integer(table, key, where))
     spec = check.table(table, key, at)
     kind = check.choice(spec, "distribution", at, tuple(_DISTRIBUTION_KEYS), default="")

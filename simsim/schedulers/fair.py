@@ -60,10 +60,10 @@ _TenantEntry = tuple[float, int, int, int, str]
 class FairShareScheduler(_QueueCounters):
     """Virtual-token-counter fair share across tenants (see the module's docstring).
 
-    *prompt_weight* and *output_weight* (finite numbers ``>= 0``) price a request's
-    prompt and output tokens; the defaults count an output token twice a prompt token,
-    as the paper's default does. With both zero every counter stays at zero and the
-    order is first come, first served across tenants.
+    *prompt_weight* and *output_weight* (finite numbers ``>= 0``, at least one above 0)
+    price a request's prompt and output tokens; the defaults count an output token twice
+    a prompt token, as the paper's default does. Both zero would charge nobody and order
+    first come, first served: ``ValueError``, as a weighted router's all-zero weights.
 
     The rules of :class:`simsim.FcfsScheduler` hold: ``decide`` is pure; ``enqueue``,
     ``remove`` and a successful ``commit`` each bump ``epoch``; a decision from another
@@ -89,6 +89,15 @@ class FairShareScheduler(_QueueCounters):
         super().__init__()
         self._prompt_weight = check_weight(prompt_weight, "FairShareScheduler: prompt_weight")
         self._output_weight = check_weight(output_weight, "FairShareScheduler: output_weight")
+        if not (self._prompt_weight or self._output_weight):
+            # Every counter would stay 0: plain FCFS under another name, as a weighted
+            # router with all weights 0 would route by nothing (it is refused too).
+            raise ValueError(
+                f"FairShareScheduler: prompt_weight={prompt_weight!r} and "
+                f"output_weight={output_weight!r}: at least one weight must be above 0 (with "
+                "both 0 no tenant is ever charged and the order is first come, first served: "
+                "use FcfsScheduler for that)"
+            )
         self._counters: dict[str, float] = {}
         # Per backlogged tenant: its FCFS heap and how many of its entries are live.
         self._queues: dict[str, list[_Entry]] = {}
