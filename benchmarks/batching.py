@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,36 +99,6 @@ class SessionResult:
         return self.events / self.wall_s
 
 
-class _Unnamed:
-    """A server seen by a workload whose requests' block hashes are left out: the same
-    conversations for a server without a prefix cache (which refuses hashes it would
-    ignore)."""
-
-    def __init__(self, engine: simsim.BatchingEngine) -> None:
-        self.engine = engine
-        self.env = engine.env
-        self.cancel_request = engine.cancel_request
-        self.completion = engine.completion
-
-    @property
-    def now_us(self) -> int:
-        return self.engine.now_us
-
-    @property
-    def requests(self) -> Mapping[int, simsim.Request]:
-        return self.engine.requests
-
-    def submit(self, request: simsim.Request) -> simsim.Request:
-        return self.engine.submit(
-            simsim.Request(
-                request.request_id,
-                request.arrival_time_us,
-                request.prompt_token_count,
-                request.max_output_tokens,
-            )
-        )
-
-
 def run_sessions(
     prefix_cache: bool, users: int, turns: int, seed: int = 0, total_blocks: int = 50_000
 ) -> SessionResult:
@@ -149,9 +118,10 @@ def run_sessions(
         output_tokens=simsim.workloads.Uniform(20, 120),
         requests_per_user=turns,
         conversation_block_size_tokens=16,
+        block_hashes=prefix_cache,  # the same conversations, named only for a cache
     )
     started = time.perf_counter()
-    workload.start(engine.env, engine if prefix_cache else _Unnamed(engine), seed)
+    workload.start(engine.env, engine, seed)
     engine.run()
     wall_s = time.perf_counter() - started
     frame = engine.requests_frame()

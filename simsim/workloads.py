@@ -627,12 +627,19 @@ class SharedPrefixes:
     need more blocks than the whole cache could never run: it is refused
     (``ValueError`` naming it) before a single block hash is made, since a prompt that
     large would cost one hash per block first.
+
+    With ``block_hashes=False`` the requests are the same (the same groups, prompts and
+    sizes from the same seed) but name no blocks: the baseline for a server without a
+    prefix cache, which refuses hashes it would not use.
     """
 
     lengths: Sequence[int]
     block_size_tokens: int
     weights: Sequence[float] | None = None
     total_blocks: int | None = None
+    block_hashes: bool = True
+    """Whether each request names its full blocks (``False``: the same requests for a
+    server without a prefix cache)."""
 
     def __post_init__(self) -> None:
         lengths = tuple(check_count(length, "shared prefix length") for length in self.lengths)
@@ -654,6 +661,8 @@ class SharedPrefixes:
             _set(self, "weights", weights)
         if self.total_blocks is not None:
             _set(self, "total_blocks", check_count(self.total_blocks, "total_blocks", minimum=1))
+        if type(self.block_hashes) is not bool:
+            raise TypeError(f"block_hashes must be True or False, got {self.block_hashes!r}")
 
     def apply(
         self,
@@ -661,8 +670,9 @@ class SharedPrefixes:
         request_ids: Sequence[int],
         prompts: Sequence[int],
         outputs: Sequence[int] | None = None,
-    ) -> tuple[list[int], list[tuple[tuple[str, int], ...]]]:
-        """Each request's full prompt length and block hashes, its group drawn from *rng*.
+    ) -> tuple[list[int], list[tuple[tuple[str, int], ...] | None]]:
+        """Each request's full prompt length and block hashes (``None`` for every
+        request with ``block_hashes=False``), its group drawn from *rng*.
 
         With ``total_blocks``, every request (its full prompt and its output limit from
         *outputs*, 0 without) is checked against the cache before any hash is made.
@@ -681,8 +691,10 @@ class SharedPrefixes:
             limits = [0] * len(full_prompts) if outputs is None else outputs
             for rid, total_tokens, output in zip(request_ids, full_prompts, limits, strict=True):
                 cache.check_fits(rid, total_tokens, output)
+        if not self.block_hashes:
+            return full_prompts, [None] * len(full_prompts)
         block = self.block_size_tokens
-        hashes: list[tuple[tuple[str, int], ...]] = []
+        hashes: list[tuple[tuple[str, int], ...] | None] = []
         for rid, total_tokens, group in zip(request_ids, full_prompts, groups, strict=True):
             shared = self.lengths[group] // block
             keys = [(f"g{group}", i) for i in range(shared)]
@@ -1161,7 +1173,9 @@ class ClosedLoopWorkload:
     names its full blocks, prompt and answer, ``("u<user>", i)`` as ``block_hashes``, so
     a prefix cache can serve the conversation so far, answers included. Sizes then
     depend on what the server answered (a cancelled turn's partial answer), which the
-    deterministic simulation makes deterministic too.
+    deterministic simulation makes deterministic too. With ``block_hashes=False`` the
+    conversations are the same but their turns name no blocks: the baseline for a
+    server without a prefix cache.
     """
 
     users: int
@@ -1174,9 +1188,20 @@ class ClosedLoopWorkload:
     patience: LengthDistribution | None = None
     conversation_block_size_tokens: int | None = None
     """With a block size (the KV cache's), each user is one multi-turn conversation."""
+    block_hashes: bool = True
+    """Whether a conversation's turns name their full blocks (``False``: the same
+    conversations for a server without a prefix cache); only with
+    ``conversation_block_size_tokens``."""
 
     def __post_init__(self) -> None:
         _set(self, "users", check_request_count(self.users, "users"))
+        if type(self.block_hashes) is not bool:
+            raise TypeError(f"block_hashes must be True or False, got {self.block_hashes!r}")
+        if not self.block_hashes and self.conversation_block_size_tokens is None:
+            raise ValueError(
+                "block_hashes=False is for conversations (it names no blocks of their "
+                "turns); without conversation_block_size_tokens no request names any"
+            )
         if self.conversation_block_size_tokens is not None:
             _set(
                 self,
@@ -1259,7 +1284,8 @@ class ClosedLoopWorkload:
                 # never change once full, so (user, block index) names each one.
                 # The answer's blocks are named too: the next turn resends the answer.
                 prompt += context
-                hashes = tuple((f"u{user}", i) for i in range((prompt + output) // block))
+                if self.block_hashes:
+                    hashes = tuple((f"u{user}", i) for i in range((prompt + output) // block))
             request = engine.submit(
                 Request(request_id, env.now, prompt, output, block_hashes=hashes)
             )

@@ -364,7 +364,8 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
             ONE_REQUEST + "block_hashes = [1, 2]\n",
             "requests[0].block_hashes",
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
-            "shares the blocks they name, and without one they would be ignored",
+            "shares the blocks they name, and without one they would be ignored (with "
+            "[prefix_cache] enabled = false they are left out on purpose)",
         ),
         (
             ONE_REQUEST + '[cluster]\nreplicas = 2\nrouter = "prefix_affinity"\n',

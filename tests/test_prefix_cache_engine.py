@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -332,11 +333,12 @@ def test_a_scenario_file_turns_the_cache_on_and_names_blocks(tmp_path: Path) -> 
     assert scenario.batching is not None and scenario.batching.prefix_cache
     server = run_scenario(scenario)
     assert server.requests_frame()["cached_prompt_tokens"].tolist() == [0, 8]
-    # The cache off: block hashes would be ignored, so they are refused, naming the rule.
+    # No prefix cache: block hashes would be ignored, so they are refused, naming the rule
+    # (enabled = false leaves them out on purpose: see the baseline test below).
     off = SCENARIO.replace("[prefix_cache]\nenabled = true\n", "")
     refused(
         path,
-        (off, SCENARIO.replace("enabled = true", "enabled = false")),
+        (off,),
         r"requests\[0\]\.block_hashes: needs engine = \"batching\" with \[kv_cache\] and "
         r"\[prefix_cache\]: only a prefix cache shares the blocks they name",
     )
@@ -532,6 +534,95 @@ bandwidth_bytes_per_s = 1_000_000
         check_scenario(load_scenario(path))
     assert raised.value.key == "request 0"
     assert raised.value.rule.endswith("(on replica 0)")
+
+
+def _sizes(frame: pd.DataFrame) -> list[tuple[int, int, int]]:
+    columns = ["arrival_time_us", "prompt_token_count", "max_output_tokens"]
+    return [tuple(row) for row in frame[columns].itertuples(index=False)]
+
+
+def test_a_disabled_prefix_cache_runs_the_same_requests_naming_no_blocks(
+    tmp_path: Path,
+) -> None:
+    # [prefix_cache] enabled = false is the baseline to compare a cache against: the same
+    # requests (shared prefixes included in their prompts), no hashes, nothing cached.
+    on, off = tmp_path / "on.toml", tmp_path / "off.toml"
+    on.write_text(WORKLOAD, encoding="utf-8")
+    off.write_text(WORKLOAD.replace("enabled = true", "enabled = false"), encoding="utf-8")
+    cached = run_scenario(load_scenario(on))
+    baseline = run_scenario(load_scenario(off))
+    assert isinstance(cached, simsim.BatchingEngine) and isinstance(baseline, simsim.BatchingEngine)
+    assert not baseline.prefix_cache
+    assert all(request.block_hashes is None for request in baseline.requests.values())
+    assert _sizes(baseline.requests_frame()) == _sizes(cached.requests_frame())
+    assert "cached_prompt_tokens" not in baseline.requests_frame().columns
+    # The cache is what made the difference: the same prompts, computed whole.
+    ttft = [
+        simsim.summarize(s.requests_frame())["value"]["ttft_us_mean"] for s in (cached, baseline)
+    ]
+    assert ttft[0] < ttft[1]
+    # [[requests]] block_hashes are checked, then left out, the same way.
+    listed = WORKLOAD.split("[workload]")[0].replace("enabled = true", "enabled = false")
+    off.write_text(
+        listed + "[[requests]]\nrequest_id = 0\narrival_time_us = 0\nprompt_token_count = 32\n"
+        "max_output_tokens = 2\nblock_hashes = [1, 2]\n",
+        encoding="utf-8",
+    )
+    (request,) = run_scenario(load_scenario(off)).requests.values()
+    assert request.block_hashes is None and request.state is simsim.RequestState.FINISHED
+
+
+def test_disabled_conversations_are_the_same_turns_naming_no_blocks(tmp_path: Path) -> None:
+    closed = """[workload]
+kind = "closed_loop"
+users = 3
+requests_per_user = 4
+think_time_us = 1_000_000
+prompt_tokens = [20, 120]
+output_tokens = [20, 200]
+conversation = true
+"""
+    head = WORKLOAD.split("[workload]")[0]
+    on, off = tmp_path / "on.toml", tmp_path / "off.toml"
+    on.write_text(head + closed, encoding="utf-8")
+    off.write_text(head.replace("enabled = true", "enabled = false") + closed, encoding="utf-8")
+    cached, baseline = run_scenario(load_scenario(on)), run_scenario(load_scenario(off))
+    assert all(request.block_hashes is None for request in baseline.requests.values())
+    # Turn one of each user is the same; later turns resend the conversation (which grows
+    # with the answers, so sizes agree while the answers do: here, every turn finishes).
+    assert _sizes(baseline.requests_frame())[:3] == _sizes(cached.requests_frame())[:3]
+    frames = (cached.requests_frame(), baseline.requests_frame())
+    assert [set(f["state"]) for f in frames] == [{"FINISHED"}, {"FINISHED"}]
+    # Ids follow submission order, which timing changes: compare the turns' sizes.
+    columns = ["prompt_token_count", "max_output_tokens"]
+    turns = [sorted(f[columns].itertuples(index=False)) for f in frames]
+    assert len(turns[0]) == 12 and turns[0] == turns[1]
+    assert max(prompt for prompt, _ in turns[1]) > 120  # later turns resend the conversation
+
+
+def test_block_hashes_false_is_checked() -> None:
+    from simsim.workloads import (
+        ClosedLoopWorkload,
+        Fixed,
+        OpenLoopWorkload,
+        PoissonArrivals,
+        SharedPrefixes,
+    )
+
+    with pytest.raises(TypeError, match="block_hashes must be True or False, got 1"):
+        SharedPrefixes([64], block_size_tokens=16, block_hashes=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_hashes=False is for conversations"):
+        ClosedLoopWorkload(3, Fixed(1), Fixed(1), Fixed(1), requests_per_user=1, block_hashes=False)
+    plain = SharedPrefixes([9, 16], block_size_tokens=4, weights=[1, 3], block_hashes=False)
+    named = SharedPrefixes([9, 16], block_size_tokens=4, weights=[1, 3])
+    workloads = [
+        OpenLoopWorkload(PoissonArrivals(1.0), Fixed(5), Fixed(2), 20, shared_prefixes=prefixes)
+        for prefixes in (plain, named)
+    ]
+    made = [workload.generate(seed=3).requests for workload in workloads]
+    assert [r.prompt_token_count for r in made[0]] == [r.prompt_token_count for r in made[1]]
+    assert all(r.block_hashes is None for r in made[0])
+    assert all(r.block_hashes for r in made[1])
 
 
 # ---------------------------------------------------------------------- conversations

@@ -37,7 +37,12 @@ from simsim.scenario.model import (
     check_replicas,
 )
 from simsim.scenario.trace_table import parse_trace
-from simsim.scenario.workload_table import METADATA_KEYS, parse_metadata, parse_workload
+from simsim.scenario.workload_table import (
+    METADATA_KEYS,
+    SharedCache,
+    parse_metadata,
+    parse_workload,
+)
 from simsim.scheduler import FcfsScheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.traces import MOONCAKE_BLOCK_SIZE
@@ -168,6 +173,9 @@ def parse_scenario(
     # block hash is made.
     batching = _parse_batching(check, data, engine)
     prefix_cache = batching is not None and batching.prefix_cache
+    # [prefix_cache] enabled = false: requests may name blocks, and are made the same
+    # without their names (a baseline to compare the cache against).
+    names_allowed = batching is not None and "prefix_cache" in data
     cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
 
     specs: list[RequestSpec] = []
@@ -185,7 +193,7 @@ def parse_scenario(
                 check.time(row, "arrival_time_us", where),
                 check.integer(row, "prompt_token_count", where),
                 check.integer(row, "max_output_tokens", where),
-                block_hashes=_block_hashes(check, row, where, prefix_cache),
+                block_hashes=_block_hashes(check, row, where, names_allowed, prefix_cache),
                 request_class=request_class,
                 deadline_us=check.optional_time(row, "deadline_us", where),
                 **parse_metadata(check, row, where),
@@ -202,7 +210,7 @@ def parse_scenario(
             check,
             check.table(data, "workload", "workload"),
             base_dir,
-            _shared_cache(batching, cluster),
+            _shared_cache(batching, cluster, names_allowed),
         )
 
     if require_requests and not specs and workload is None:
@@ -407,26 +415,30 @@ def _parse_backend(
 
 
 def _block_hashes(
-    check: TomlChecker, row: Mapping[str, Any], where: str, prefix_cache: bool
+    check: TomlChecker, row: Mapping[str, Any], where: str, allowed: bool, used: bool
 ) -> tuple[int | str, ...] | None:
-    """A ``[[requests]]`` entry's ``block_hashes``: only a prefix cache uses them."""
+    """A ``[[requests]]`` entry's ``block_hashes``: only a prefix cache uses them, so
+    they are refused without a ``[prefix_cache]`` table (*allowed*) and checked but left
+    out when it is disabled (not *used*)."""
     hashes = check.hashes(row, "block_hashes", where)
-    if hashes is not None and not prefix_cache:
+    if hashes is not None and not allowed:
         raise check.fail(
             f"{where}.block_hashes",
             'needs engine = "batching" with [kv_cache] and [prefix_cache]: only a prefix cache '
-            "shares the blocks they name, and without one they would be ignored",
+            "shares the blocks they name, and without one they would be ignored (with "
+            "[prefix_cache] enabled = false they are left out on purpose)",
         )
-    return hashes
+    return hashes if used else None
 
 
 def _shared_cache(
-    batching: BatchingSpec | None, cluster: ClusterSpec | None
-) -> KvCacheConfig | None:
-    """The KV cache whose blocks a workload's requests may share: the scenario's, with a
-    prefix cache (``None`` without one), at the size of the largest one any replica has,
-    so a request that fits none of them is refused before its hashes are made."""
-    if batching is None or not batching.prefix_cache or batching.kv_cache is None:
+    batching: BatchingSpec | None, cluster: ClusterSpec | None, names_allowed: bool
+) -> SharedCache | None:
+    """The KV cache whose blocks a workload's requests may name: the scenario's, with a
+    ``[prefix_cache]`` table (``None`` without one), at the size of the largest one any
+    replica has, so a request that fits none of them is refused before its hashes are
+    made; the requests name its blocks only if the prefix cache is enabled."""
+    if batching is None or not names_allowed or batching.kv_cache is None:
         return None
     pools = () if cluster is None else cluster.pools()
     largest = max(
@@ -434,7 +446,8 @@ def _shared_cache(
         for spec in (batching, *(pool.batching for pool in pools))
         if spec is not None and spec.kv_cache is not None
     )
-    return KvCacheConfig(batching.kv_cache.block_size_tokens, largest)
+    cache = KvCacheConfig(batching.kv_cache.block_size_tokens, largest)
+    return SharedCache(cache, block_hashes=batching.prefix_cache)
 
 
 def _check_trace_blocks(

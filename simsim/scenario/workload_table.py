@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,29 @@ from simsim.workloads import (
     check_request_count,
 )
 
-__all__ = ["METADATA_KEYS", "parse_metadata", "parse_workload"]
+__all__ = ["METADATA_KEYS", "SharedCache", "parse_metadata", "parse_workload"]
+
+
+_NEEDS_PREFIX_CACHE = (
+    'needs engine = "batching" with [kv_cache] and [prefix_cache]: {what} (or '
+    "[prefix_cache] enabled = false for the same requests naming no blocks, a baseline "
+    "to compare the cache against)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCache:
+    """The KV cache whose blocks a workload's requests name (``shared_prefixes``,
+    ``conversation``), and whether they name them.
+
+    ``block_hashes`` is ``False`` under ``[prefix_cache] enabled = false``: the requests
+    are made exactly as with the cache on (the same sizes from the same seed) but name no
+    blocks, since a server without a prefix cache refuses hashes it would not use.
+    """
+
+    kv_cache: KvCacheConfig
+    block_hashes: bool
+
 
 _OPEN_LOOP_KEYS = (
     "kind",
@@ -98,14 +121,15 @@ def parse_workload(
     check: TomlChecker,
     table: Mapping[str, Any],
     base_dir: Path | None,
-    shared_cache: KvCacheConfig | None = None,
+    shared_cache: SharedCache | None = None,
 ) -> Workload:
     """The workload of a ``[workload]`` table (open or closed loop).
 
-    *shared_cache* is the scenario's KV cache when it has a prefix cache (``None``
-    otherwise): ``shared_prefixes`` and ``conversation`` name its blocks, and are refused
-    without one; a shared-prefix request that needs more blocks than it holds is
-    refused before any block hash is made.
+    *shared_cache* is the scenario's KV cache when it has a ``[prefix_cache]`` table
+    (``None`` otherwise): ``shared_prefixes`` and ``conversation`` name its blocks (or,
+    with the cache disabled, are made the same naming none), and are refused without
+    one; a shared-prefix request that needs more blocks than it holds is refused before
+    any block hash is made.
     """
     kind = check.choice(table, "kind", "workload", ("open_loop", "closed_loop"), "open_loop")
     where = "workload"
@@ -127,6 +151,7 @@ def parse_workload(
                 first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
                 conversation_block_size_tokens=_conversation_blocks(check, table, shared_cache),
+                block_hashes=shared_cache is None or shared_cache.block_hashes,
             )
             if per_user is not None:
                 _check_ids(check, first, users * per_user)
@@ -251,22 +276,21 @@ def _parse_class_mix(
 
 
 def _conversation_blocks(
-    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: SharedCache | None
 ) -> int | None:
-    """``conversation = true``: each user is a multi-turn conversation (needs a prefix
-    cache)."""
+    """``conversation = true``: each user is a multi-turn conversation (needs a
+    ``[prefix_cache]`` table)."""
     if not check.boolean(table, "conversation", "workload", default=False):
         return None
     if shared_cache is None:
         raise check.fail(
-            "workload.conversation",
-            'needs engine = "batching" with [kv_cache] and [prefix_cache]: turns share its blocks',
+            "workload.conversation", _NEEDS_PREFIX_CACHE.format(what="turns share its blocks")
         )
-    return shared_cache.block_size_tokens
+    return shared_cache.kv_cache.block_size_tokens
 
 
 def _parse_shared_prefixes(
-    check: TomlChecker, table: Mapping[str, Any], shared_cache: KvCacheConfig | None
+    check: TomlChecker, table: Mapping[str, Any], shared_cache: SharedCache | None
 ) -> SharedPrefixes | None:
     if "shared_prefixes" not in table:
         return None
@@ -274,11 +298,7 @@ def _parse_shared_prefixes(
     prefixes = check.table(table, "shared_prefixes", where)
     check.keys(prefixes, _SHARED_PREFIX_KEYS, where)
     if shared_cache is None:
-        raise check.fail(
-            where,
-            'needs engine = "batching" with [kv_cache] and [prefix_cache]: requests share its '
-            "blocks",
-        )
+        raise check.fail(where, _NEEDS_PREFIX_CACHE.format(what="requests share its blocks"))
     lengths = prefixes.get("lengths")
     if not isinstance(lengths, list) or not lengths or not all(type(v) is int for v in lengths):
         raise check.fail(
@@ -290,8 +310,13 @@ def _parse_shared_prefixes(
     ):
         raise check.fail(f"{where}.weights", f"must be an array of numbers, got {weights!r}")
     try:
+        cache = shared_cache.kv_cache
         return SharedPrefixes(
-            lengths, shared_cache.block_size_tokens, weights, shared_cache.total_blocks
+            lengths,
+            cache.block_size_tokens,
+            weights,
+            cache.total_blocks,
+            block_hashes=shared_cache.block_hashes,
         )
     except (TypeError, ValueError) as error:
         raise check.fail(where, str(error)) from None
