@@ -121,12 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--format", choices=FORMATS, default="csv", help="file format")
     run.add_argument("--seed", type=int, default=None, help="seed for generated workloads")
-    run.add_argument(
-        "--backend",
-        metavar="FILE",
-        default=None,
-        help="take the [backend] table from FILE (e.g. one simsim calibrate wrote)",
-    )
+    _add_backend_argument(run)
 
     validate = commands.add_parser("validate", help="check a scenario file without running it")
     validate.add_argument("scenario", help="a scenario TOML file")
@@ -135,6 +130,7 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check it as 'simsim serve' reads it (a serving scenario needs no requests)",
     )
+    _add_backend_argument(validate)
 
     sweep = commands.add_parser(
         "sweep", help="run a sweep or capacity search file, resumable, on many processes"
@@ -170,12 +166,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="simulated seconds per wall second (default: %(default)s; 10 runs 10x faster)",
     )
-    serve.add_argument(
-        "--backend",
-        metavar="FILE",
-        default=None,
-        help="take the [backend] table from FILE (e.g. one simsim calibrate wrote)",
-    )
+    _add_backend_argument(serve)
     serve.add_argument("--model", default="simsim", help="the model name served")
     serve.add_argument(
         "--max-model-len",
@@ -256,6 +247,16 @@ def _check_usage(args: argparse.Namespace) -> None:
             f"--format {args.format} sets the format of --record's files, and --record is "
             "not given: add --record DIR, or leave --format out"
         )
+
+
+def _add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend FILE``, as run, validate and serve take it."""
+    parser.add_argument(
+        "--backend",
+        metavar="FILE",
+        default=None,
+        help="take the [backend] table from FILE (e.g. one simsim calibrate wrote)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -790,7 +791,7 @@ def _install(extra: str) -> str:
 
 def _validate(args: argparse.Namespace) -> int:
     if args.serve:
-        scenario = _serving_scenario(args.scenario, None)
+        scenario = _serving_scenario(args.scenario, args.backend)
         scenario.build_engine()  # what serve builds (the fast engine's options are the same)
         for note in _serve_notes(scenario):
             print(note, file=sys.stderr)
@@ -799,7 +800,7 @@ def _validate(args: argparse.Namespace) -> int:
             "served over HTTP (the clients send the requests)"
         )
         return 0
-    scenario = load_scenario(args.scenario, require_requests=False)
+    scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
     if not scenario.requests and scenario.workload is None:
         raise ScenarioError(
             scenario.source,
@@ -1361,7 +1362,7 @@ def _int_list(value: str | None, flag: str, default: list[int]) -> list[int]:
 
 def _sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
-        raise ScenarioError("--workers", "", f"must be at least 1, got {args.workers}")
+        raise ScenarioError("--workers", "", f"must be >= 1, got {args.workers}")
     spec = load_sweep(args.sweep_file)
     out = Path(args.out)
     with contextlib.ExitStack() as stack:

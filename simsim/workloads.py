@@ -1231,7 +1231,11 @@ class ClosedLoopWorkload:
                 )
             _set(self, "requests_per_user", per_user)
         if self.horizon_us is not None:
-            _set(self, "horizon_us", check_time_us(self.horizon_us, "horizon_us"))
+            horizon = check_time_us(self.horizon_us, "horizon_us")
+            if horizon < 1:
+                # As a count of 0 is: a workload that makes no request is a mistake.
+                raise ValueError(f"horizon_us must be >= 1, got {horizon}")
+            _set(self, "horizon_us", horizon)
         _set(self, "first_request_id", check_count(self.first_request_id, "first_request_id"))
 
     def start(self, env: Environment, engine: WorkloadEngine, seed: int) -> ClosedLoopRun:
@@ -1243,6 +1247,11 @@ class ClosedLoopWorkload:
         """
         if env is not engine.env:
             raise ValueError("env must be the engine's own environment (engine.env)")
+        if self.horizon_us is not None and self.horizon_us <= env.now:
+            raise ValueError(
+                f"horizon_us {self.horizon_us} is not after the time the users start "
+                f"({env.now} us): they would make no request"
+            )
         seed = check_seed(seed)
         run = ClosedLoopRun()
         ids = itertools.count(self.first_request_id)

@@ -228,6 +228,10 @@ def test_huge_closed_loop_user_count_is_refused(
             "workload.classes[0] (chat).count",
         ),
         ("kind = 'closed_loop'\nusers = 0\nhorizon_us = 10\nthink_time_us = 0\n", "workload.users"),
+        (
+            "kind = 'closed_loop'\nusers = 2\nhorizon_us = 0\nthink_time_us = 0\n",
+            "workload.horizon_us",
+        ),
     ],
 )
 def test_a_workload_of_no_request_is_refused_one_way(
@@ -432,15 +436,45 @@ def test_running_out_of_memory_names_what_was_being_built(
     )
 
 
+def _pending(cause: BaseException) -> SystemError:
+    """The SystemError CPython raises when C code returns a result with *cause* pending
+    (it chains the pending exception as the cause, as ``_PyErr_FormatFromCause`` does)."""
+    error = SystemError("<built-in method f> returned a result with an exception set")
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [SystemError("a bug, not memory"), _pending(KeyError("k"))],
+    ids=["plain", "pending-key-error"],
+)
 def test_another_system_error_is_still_an_internal_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    error: SystemError,
 ) -> None:
     def bug(*args: object) -> None:
-        raise SystemError("a bug, not memory")
+        raise error
 
     monkeypatch.setattr(Scenario, "_build_server", bug)
     line = exit_1_line(capsys, "validate", str(write(tmp_path, CLUSTER)))
-    assert line.startswith("simsim: internal error: SystemError: a bug, not memory (a bug in")
+    assert line.startswith(f"simsim: internal error: SystemError: {error} (a bug in")
+
+
+def test_a_pending_memory_error_is_out_of_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build_server(*args: object) -> None:
+        raise _pending(MemoryError())
+
+    monkeypatch.setattr(Scenario, "_build_server", build_server)
+    line = exit_1_line(capsys, "validate", str(write(tmp_path, CLUSTER)))
+    assert line.endswith(
+        "out of memory while building the cluster's 3 replicas; make that "
+        "smaller, or give simsim more memory"
+    )
 
 
 def test_out_of_memory_while_running_says_so_and_how_many_requests(

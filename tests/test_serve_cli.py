@@ -426,3 +426,21 @@ def test_validate_serve_notes_what_serve_ignores(
         "simsim: note: served requests carry no class name, so the admission limits for "
         "'batch' never apply to them (only a '*' limit would)",
     ]
+
+
+@pytest.mark.parametrize("serve", [True, False], ids=["serve", "run"])
+def test_validate_takes_the_backend_file_run_and_serve_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], serve: bool
+) -> None:
+    # docs/fidelity.md's workflow: a scenario without [backend], the costs from calibrate.
+    backend = tmp_path / "calibrated.toml"
+    backend.write_text(_BACKEND)
+    path = tmp_path / "plain.toml"
+    requests = "" if serve else "[[requests]]\nrequest_id = 0\narrival_time_us = 0\n"
+    requests += "" if serve else "prompt_token_count = 4\nmax_output_tokens = 2\n"
+    path.write_text('[scenario]\nname = "plain"\nengine = "single_slot"\n' + requests)
+    flags = ["--serve"] if serve else []
+    assert main(["validate", str(path), *flags]) == 2  # no [backend] of its own
+    assert "backend: missing table" in capsys.readouterr().err
+    assert main(["validate", str(path), *flags, "--backend", str(backend)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok: scenario 'plain', engine single_slot")

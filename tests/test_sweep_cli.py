@@ -228,7 +228,7 @@ def test_zero_workers_exits_2_before_anything_runs(
     )
     assert code == 2
     assert out == ""
-    assert "--workers" in err and "must be at least 1, got 0" in err
+    assert "--workers" in err and "must be >= 1, got 0" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -866,8 +866,21 @@ BAD_SWEEPS = [
     pytest.param(
         "[sweep]\nreplications = 0\n" + GOOD_BASE,
         "sweep.replications",
-        "must be at least 1, got 0",
+        "must be >= 1, got 0",
         id="zero-replications",
+    ),
+    pytest.param(
+        "[sweep]\nreplications = -3\n" + GOOD_BASE,
+        "sweep.replications",
+        "must be >= 1, got -3",
+        id="negative-replications",
+    ),
+    pytest.param(
+        "[sweep]\nreplications = 1_000_000_000_000\n" + GOOD_BASE,
+        "sweep.replications",
+        "must be at most 1,000,000 (the most runs a sweep may make; every run is a whole "
+        "simulation), got 1,000,000,000,000",
+        id="replications-no-sweep-means",
     ),
     pytest.param(
         "[sweep]\nconfidence = 1.5\n" + GOOD_BASE,

@@ -805,6 +805,19 @@ def record_progress(log: list[tuple[int, int]]) -> Callable[[int, int], None]:
         ({"load": "workload.rate_per_s"}, ValueError, "load"),
         ({"seed": -1}, ValueError, "seed"),
         ({"percentiles": [100]}, ValueError, "percentiles"),
+        # Sizes no sweep means, refused before a point is made.
+        ({"replications": 10**12}, ValueError, r"replications must be at most 1,000,000"),
+        (
+            {"grid": {"load": list(range(1_000)), "other": list(range(2_000))}},
+            ValueError,
+            r"the grid \(1000 values of load x 2000 values of other\), with one replication, "
+            r"is 2,000,000 runs, more than a sweep may make \(1,000,000",
+        ),
+        (
+            {"grid": {"load": list(range(1_000))}, "replications": 1_001},
+            ValueError,
+            r"1000 points x 1001 replications is 1,001,000 runs",
+        ),
     ],
 )
 def test_bad_sweep_arguments_are_refused_before_anything_runs(
@@ -1655,6 +1668,7 @@ def test_capacity_targets_are_checked_before_anything_runs(
         ({"replications": 1}, ValueError, "at least 2"),
         ({"replications": 0}, ValueError, "replications"),
         ({"replications": 4, "max_replications": 3}, ValueError, "max_replications"),
+        ({"max_replications": 10**7}, ValueError, "max_replications must be at most 1,000,000"),
         ({"find": "mid"}, ValueError, "find"),
         ({"tolerance": 0}, ValueError, "tolerance"),
         ({"tolerance": -0.5}, ValueError, "tolerance"),

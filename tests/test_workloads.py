@@ -321,6 +321,11 @@ def test_empirical_from_csv_errors_name_the_line(tmp_path: Path, text: str, mess
             "horizon_us",
         ),
         (
+            lambda: ClosedLoopWorkload(1, Fixed(0), Fixed(1), Fixed(1), horizon_us=0),
+            ValueError,
+            "horizon_us must be >= 1, got 0",
+        ),
+        (
             lambda: ClosedLoopWorkload(1, 100, Fixed(1), Fixed(1), requests_per_user=1),
             TypeError,
             "think_time_us",
@@ -630,3 +635,14 @@ def test_closed_loop_start_needs_the_engines_env(engine: simsim.SimulationEngine
     workload = ClosedLoopWorkload(1, Fixed(0), Fixed(1), Fixed(1), requests_per_user=1)
     with pytest.raises(ValueError, match="engine's own environment"):
         workload.start(simsim.Environment(), engine, 0)
+
+
+def test_a_horizon_the_users_start_at_or_after_is_refused(
+    backend: simsim.SimulatedBackend,
+) -> None:
+    engine = simsim.SimulationEngine(backend)
+    engine.env.run(until=5_000)
+    workload = ClosedLoopWorkload(2, Fixed(0), Fixed(1), Fixed(1), horizon_us=5_000)
+    with pytest.raises(ValueError, match=r"horizon_us 5000 is not after the time the users start"):
+        workload.start(engine.env, engine, seed=0)
+    assert not engine.requests

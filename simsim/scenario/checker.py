@@ -64,16 +64,24 @@ class ScenarioMemoryError(MemoryError):
 _LOST_ALLOCATION = (
     "error return without exception set",
     "returned NULL without setting an exception",
-    "returned a result with an exception set",
 )
+# What it says when C code returns a result with an exception pending: the pending one is
+# chained to it, and only a MemoryError there is an allocation (anything else is a bug).
+_PENDING_EXCEPTION = "returned a result with an exception set"
 
 
 def lost_allocation(error: BaseException) -> bool:
     """Whether *error* is a failed allocation: a ``MemoryError``, or the ``SystemError``
-    CPython raises when the ``MemoryError`` of a failed allocation got lost."""
+    CPython raises when the ``MemoryError`` of a failed allocation got lost (or was left
+    pending: then it is chained to the ``SystemError``)."""
     if isinstance(error, MemoryError):
         return True
-    return isinstance(error, SystemError) and any(text in str(error) for text in _LOST_ALLOCATION)
+    if not isinstance(error, SystemError):
+        return False
+    text = str(error)
+    if _PENDING_EXCEPTION in text:
+        return isinstance(error.__cause__ or error.__context__, MemoryError)
+    return any(lost in text for lost in _LOST_ALLOCATION)
 
 
 @contextlib.contextmanager

@@ -147,7 +147,7 @@ def parse_workload(
                 prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
                 output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
                 requests_per_user=per_user,
-                horizon_us=check.optional_time(table, "horizon_us", where),
+                horizon_us=_horizon(check, table),
                 first_request_id=first,
                 patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
                 conversation_block_size_tokens=_conversation_blocks(check, table, shared_cache),
@@ -273,6 +273,15 @@ def _parse_class_mix(
     )
     _check_ids(check, first, mix.count)
     return mix
+
+
+def _horizon(check: TomlChecker, table: Mapping[str, Any]) -> int | None:
+    """A closed loop's ``horizon_us``: users start at 0, so 0 would make no request and
+    is refused as ``count = 0`` is."""
+    horizon = check.optional_time(table, "horizon_us", "workload")
+    if horizon == 0:
+        raise check.fail("workload.horizon_us", "must be >= 1, got 0")
+    return horizon
 
 
 def _conversation_blocks(

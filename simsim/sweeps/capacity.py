@@ -275,7 +275,7 @@ def capacity_search(
         )
     if max_replications is None:
         max_replications = 4 * replications
-    max_replications = check_replications(max_replications)
+    max_replications = check_replications(max_replications, "max_replications")
     if max_replications < replications:
         raise ValueError(
             f"max_replications ({max_replications}) must be at least replications ({replications})"

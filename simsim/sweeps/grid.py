@@ -22,13 +22,33 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_RUNS",
     "Case",
     "SweepPoint",
     "apply_settings",
+    "check_run_count",
     "expand_grid",
     "plain_value",
     "run_seed",
 ]
+
+MAX_RUNS = 1_000_000
+"""The most runs (points x replications) one sweep or capacity search may make.
+
+Every run is a whole simulation, and the sweep holds a record of each: a million runs
+of a few milliseconds each already take hours on a laptop. A sweep that asks for more
+was not meant, and is refused before any point or run is made."""
+
+
+def check_run_count(runs: int, what: str) -> None:
+    """Refuse *runs* when it is more than :data:`MAX_RUNS`, the message saying where
+    they come from (*what*, such as ``"4 points x 10 replications"``); called before
+    anything is made."""
+    if runs > MAX_RUNS:
+        raise ValueError(
+            f"{what} is {runs:,} runs, more than a sweep may make ({MAX_RUNS:,}; every run "
+            "is a whole simulation): use fewer grid values, cases or replications"
+        )
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,14 @@ def expand_grid(
             raise ValueError(f"grid.{key}: a value appears twice in {plain!r}")
         axes[key] = plain
     case_list: list[Case | None] = list(cases) if cases else [None]
+    # Counted before a point is made: a grid of a few long axes multiplies fast.
+    factors = [f"{len(values)} values of {key}" for key, values in axes.items()]
+    if cases:
+        factors.append(f"{len(case_list)} cases")
+    check_run_count(
+        math.prod(len(values) for values in axes.values()) * len(case_list),
+        f"the grid ({' x '.join(factors)}), with one replication,",
+    )
     names: set[str] = set()
     checked: list[Case | None] = []
     for case in case_list:

@@ -18,8 +18,10 @@ from simsim.sweeps.capacity import (
     check_tolerance,
     target_metrics,
 )
-from simsim.sweeps.grid import Case, expand_grid
+from simsim.sweeps.grid import Case, check_run_count, expand_grid
 from simsim.sweeps.runner import RESERVED_KEYS, ScenarioSource, resolve_source
+from simsim.sweeps.sweep import check_replications
+from simsim.wording import counted
 
 __all__ = ["CapacitySpec", "SweepSpec", "load_sweep"]
 
@@ -118,7 +120,7 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
             base, str(path.parent.resolve()), f"{source} [base]", from_file=True
         )
 
-    replications = _positive(check, head, "replications", 3)
+    replications = _replications(check, head, "replications", "sweep", 3)
     seed = check.integer(head, "seed", "sweep", default=0)
     confidence = check.number(head, "confidence", "sweep", default=0.95)
     if not 0 < confidence < 1:
@@ -157,6 +159,10 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
 
     try:
         points = expand_grid(grid, cases)
+        check_run_count(
+            len(points) * replications,
+            f"{counted(len(points), 'point')} x {counted(replications, 'replication')}",
+        )
     except (TypeError, ValueError) as error:
         raise check.fail("grid" if cases is None else "cases", str(error)) from None
     load = head.get("load")
@@ -192,11 +198,16 @@ def load_sweep(path: str | os.PathLike[str]) -> SweepSpec:
     )
 
 
-def _positive(check: TomlChecker, table: Mapping[str, Any], key: str, default: int) -> int:
-    value = check.integer(table, key, "sweep", default=default)
-    if value < 1:
-        raise check.fail(f"sweep.{key}", f"must be at least 1, got {value}")
-    return value
+def _replications(
+    check: TomlChecker, table: Mapping[str, Any], key: str, where: str, default: int
+) -> int:
+    """A count of replications: at least 1, at most what a sweep may run."""
+    value = check.integer(table, key, where, default=default, minimum=1)
+    try:
+        return check_replications(value, f"{where}.{key}")
+    except ValueError as error:
+        rule = str(error).removeprefix(f"{where}.{key} ")
+        raise check.fail(f"{where}.{key}", rule) from None
 
 
 def _percentiles(check: TomlChecker, head: Mapping[str, Any]) -> tuple[float, ...]:
@@ -238,9 +249,7 @@ def _capacity(
         raise check.fail("capacity.tolerance", str(error)) from None
     if replications < 2:
         raise check.fail("sweep.replications", "a capacity search needs at least 2")
-    max_replications = check.integer(
-        table, "max_replications", "capacity", default=4 * replications
-    )
+    max_replications = _replications(check, table, "max_replications", "capacity", 4 * replications)
     if max_replications < replications:
         raise check.fail(
             "capacity.max_replications",

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from simsim.results import DEFAULT_PERCENTILES
-from simsim.sweeps.grid import Case, SweepPoint, expand_grid
+from simsim.sweeps.grid import MAX_RUNS, Case, SweepPoint, check_run_count, expand_grid
 from simsim.sweeps.runner import (
     MANIFEST,
     Model,
@@ -25,6 +25,7 @@ from simsim.sweeps.runner import (
     write_json,
 )
 from simsim.sweeps.stats import mean_interval, metric_range
+from simsim.wording import counted
 
 __all__ = ["SUMMARY_COLUMNS", "SweepResult", "aggregate", "runs_frame", "sweep"]
 
@@ -153,10 +154,15 @@ def normalize_cases(
     return result
 
 
-def check_replications(replications: object) -> int:
-    """A positive int number of replications."""
+def check_replications(replications: object, name: str = "replications") -> int:
+    """A positive int number of replications, at most :data:`~simsim.sweeps.grid.MAX_RUNS`."""
     if isinstance(replications, bool) or not isinstance(replications, int) or replications < 1:
-        raise ValueError(f"replications must be a positive int, got {replications!r}")
+        raise ValueError(f"{name} must be a positive int, got {replications!r}")
+    if replications > MAX_RUNS:
+        raise ValueError(
+            f"{name} must be at most {MAX_RUNS:,} (the most runs a sweep may make; every run "
+            f"is a whole simulation), got {replications:,}"
+        )
     return replications
 
 
@@ -217,6 +223,10 @@ def sweep(
     replications = check_replications(replications)
     confidence = check_confidence(confidence)
     points = expand_grid(grid, normalize_cases(cases))
+    check_run_count(
+        len(points) * replications,
+        f"{counted(len(points), 'point')} x {counted(replications, 'replication')}",
+    )
     axes = tuple(points[0].params) if points else ()
     if load is not None and load not in axes:
         raise ValueError(f"load must be one of the grid's axes {list(axes)}, got {load!r}")
