@@ -40,12 +40,13 @@ import numpy as np
 import pandas as pd
 
 from simsim import __version__
-from simsim.admission import QUEUE_FULL, RATE_LIMITED
+from simsim.admission import ANY_OTHER, QUEUE_FULL, RATE_LIMITED
 from simsim.backend import FittedBackendConfig
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import SimulationError
+from simsim.request import RequestState
 from simsim.results import NO_CLASS, class_summary, summarize
 from simsim.run_folder import FORMATS, holds_a_run, write_run_folder
 from simsim.scenario import (
@@ -682,23 +683,25 @@ _REJECTIONS = {RATE_LIMITED: "rate-limited", QUEUE_FULL: "with the queue full"}
 
 
 def _request_counts(values: pd.Series) -> str:
-    """The requests by state, in words: ``" (finished 90, cancelled 10; rejected 6: 4
-    rate-limited, 2 with the queue full)"``; states no request ended in are left out,
-    and so is the rejection part without an admission control or a rejection."""
-    states = [
-        f"{name.removeprefix('count_').lower()} {values[name]:.0f}"
-        for name in values.index
-        if name.startswith("count_") and name[len("count_") :].isupper() and values[name] > 0
-    ]
-    text = ", ".join(states)
-    if values.get("count_rejected", 0) > 0:
-        reasons = [
-            f"{values[f'count_rejected_{reason}']:.0f} {words}"
-            for reason, words in _REJECTIONS.items()
-            if values[f"count_rejected_{reason}"] > 0
-        ]
-        text += f"; rejected {values['count_rejected']:.0f}: {', '.join(reasons)}"
-    return f" ({text})" if text else ""
+    """The requests by state, in words: ``" (finished 90, cancelled 10, of which 6
+    rejected: 4 rate-limited, 2 with the queue full)"``; states no request ended in are
+    left out, and so is the rejection part without an admission control or a rejection
+    (a rejected request ends cancelled, so it is told as a part of the cancelled)."""
+    states = []
+    for name in values.index:
+        state = name.removeprefix("count_")
+        if name == state or not state.isupper() or values[name] <= 0:
+            continue
+        words = f"{state.lower()} {values[name]:.0f}"
+        if state == RequestState.CANCELLED.name and values.get("count_rejected", 0) > 0:
+            reasons = [
+                f"{values[f'count_rejected_{reason}']:.0f} {said}"
+                for reason, said in _REJECTIONS.items()
+                if values[f"count_rejected_{reason}"] > 0
+            ]
+            words += f", of which {values['count_rejected']:.0f} rejected: {', '.join(reasons)}"
+        states.append(words)
+    return f" ({', '.join(states)})" if states else ""
 
 
 def _occupancy_lines(values: pd.Series) -> list[str]:
@@ -973,9 +976,13 @@ def _serve_notes(scenario: Scenario) -> list[str]:
             "prefilled in full"
         )
     admission = scenario.admission
-    if admission is not None and set(admission.limits) - {"*"}:
-        names = ", ".join(repr(name) for name in admission.limits if name != "*")
-        star = "only the '*' limit does" if "*" in admission.limits else "only a '*' limit would"
+    if admission is not None and set(admission.limits) - {ANY_OTHER}:
+        names = ", ".join(repr(name) for name in admission.limits if name != ANY_OTHER)
+        star = (
+            f"only the {ANY_OTHER!r} limit does"
+            if ANY_OTHER in admission.limits
+            else f"only a {ANY_OTHER!r} limit would"
+        )
         notes.append(
             f"simsim: note: served requests carry no {admission.key} name, so the admission "
             f"limits for {names} never apply to them ({star})"
@@ -1406,7 +1413,9 @@ def _sweep(args: argparse.Namespace) -> int:
                 print(f"simsim: {note}", file=sys.stderr)
             return 1
     if result.reused:
-        print(f"resumed: {result.reused} finished runs in {out}/ were kept, not run again")
+        kept = counted(result.reused, "finished run")
+        verb = "was" if result.reused == 1 else "were"
+        print(f"resumed: {kept} in {out}/ {verb} kept, not run again")
     print(_sweep_report(result, capacity))
     tables = f"{RUNS_FILE}, {SUMMARY_FILE}" + (f", {CAPACITY_FILE}" if capacity is not None else "")
     print(f"results in {out}/: {tables}")
@@ -1462,7 +1471,8 @@ def _sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
     if (shown == "n/a").any().any():
         note = "\nn/a: no run of that point had the metric (no request produced a token, say)"
     return (
-        f"{result.runs['point'].nunique()} points x {result.replications} replications "
+        f"{counted(result.runs['point'].nunique(), 'point')} x "
+        f"{counted(result.replications, 'replication')} "
         f"(means over replications):\n{shown.to_string()}{note}"
     )
 

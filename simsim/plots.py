@@ -59,7 +59,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import _ONE_POOL, CLASS_KEYS, NO_CLASS, _replica_pools
+from simsim.results import CLASS_KEYS, NO_CLASS, _occupancy_pools, _replica_pools
 from simsim.run_folder import RunFolder, read_run_folder
 from simsim.sweeps.stats import metric_range
 from simsim.sweeps.sweep import read_sweep_folder
@@ -179,8 +179,7 @@ def occupancy_series(requests: pd.DataFrame) -> pd.DataFrame:
     preempted and readmitted by a batching server is counted as active from its first
     admission.
     """
-    pools = _replica_pools(requests, None, required=False)
-    stages = pools if len(pools) == 2 else [_ONE_POOL]
+    stages = _occupancy_pools(_replica_pools(requests, None, required=False))
     changes: dict[str, pd.Series[int]] = {}
     for pool in stages:
         begin, end = pool.queued(requests)

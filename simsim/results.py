@@ -462,7 +462,7 @@ def _occupancy(
 ) -> dict[str, float]:
     """Time averages over ``[start, end)`` of the queued and slot-holding counts: for the
     whole server or cluster, then, for a disaggregated frame, per pool."""
-    stages = list(zip(pools, slots, strict=True)) if len(slots) == 2 else [(_ONE_POOL, slots[0])]
+    stages = list(zip(_occupancy_pools(pools), slots, strict=True))
     rows: list[tuple[str, float, float, int]] = []  # (prefix, queued, active, slots)
     if start is None or end is None or end <= start:  # an empty frame, or nothing finished
         rows = [(pool.prefix, math.nan, math.nan, count) for pool, count in stages]
@@ -593,6 +593,12 @@ class _Pool:
 _ONE_POOL = _Pool("", _REPLICA_COLUMN, range(0))
 """A server's slots, or a plain cluster's taken together: the intervals of
 :func:`summarize`'s occupancy rows for a frame without prefill and decode pools."""
+
+
+def _occupancy_pools(pools: Sequence[_Pool]) -> Sequence[_Pool]:
+    """Whose slots occupancy counts, from a frame's *pools* (:func:`_replica_pools`): a
+    disaggregated cluster's two pools apart, or every slot of the frame as one."""
+    return pools if len(pools) == 2 else (_ONE_POOL,)
 
 
 def _decode_admission(requests: pd.DataFrame) -> pd.Series:

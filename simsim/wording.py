@@ -10,14 +10,16 @@ from __future__ import annotations
 __all__ = ["counted"]
 
 
-def counted(number: int, noun: str, plural: str | None = None) -> str:
+def counted(number: int, noun: str, plural: str | None = None, *, grouped: bool = False) -> str:
     """*number* and *noun*, the noun in the plural unless *number* is 1.
 
     ``counted(1, "replica")`` is ``"1 replica"``, ``counted(3, "replica")`` is
     ``"3 replicas"``, ``counted(0, "request")`` is ``"0 requests"``. The plural adds an
     ``s`` to the last word, or is *plural* when that is wrong (``counted(2, "class",
-    "classes")``).
+    "classes")``). With *grouped*, the number has thousands separators
+    (``counted(60_000, "request", grouped=True)`` is ``"60,000 requests"``).
     """
+    shown = f"{number:,}" if grouped else f"{number}"
     if number == 1:
-        return f"{number} {noun}"
-    return f"{number} {plural if plural is not None else noun + 's'}"
+        return f"{shown} {noun}"
+    return f"{shown} {plural if plural is not None else noun + 's'}"

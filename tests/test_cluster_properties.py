@@ -64,14 +64,14 @@ def build(kind: str, env: simsim.Environment) -> EngineBase:
         return simsim.SimulationEngine(backend, env=env)
     if kind == "fast":
         return simsim.FastSimulationEngine(backend, env=env)
-    if kind == "batching":
-        # With a prefix cache, which requests without block hashes never use: the run is
-        # the run without one, and prefix_affinity has a cache to route by.
+    if kind in ("batching", "batching_cached"):
+        # batching_cached has a prefix cache, which requests without block hashes never
+        # use (the run is the run without one), for prefix_affinity to route by.
         return simsim.BatchingEngine(
             backend,
             max_active_requests=3,
             kv_cache=simsim.KvCacheConfig(BLOCK, 12),
-            prefix_cache=True,
+            prefix_cache=kind == "batching_cached",
             env=env,
         )
     return simsim.BatchingEngine(
@@ -176,10 +176,12 @@ def token_times(events: pd.DataFrame) -> dict[tuple[int, int], int]:
 
 def routable(kinds: list[str], router: str) -> list[str]:
     """*kinds*, with a replica that has a prefix cache when *router* routes by them
-    (``prefix_affinity`` over replicas without one is refused)."""
-    if router == "prefix_affinity" and "batching" not in kinds:
-        return ["batching", *kinds[1:]]
-    return kinds
+    (``prefix_affinity`` over replicas without one is refused): the batching ones get
+    one, or, with none, the first replica becomes one that has it."""
+    if router != "prefix_affinity":
+        return kinds
+    cached = ["batching_cached" if kind == "batching" else kind for kind in kinds]
+    return cached if "batching_cached" in cached else ["batching_cached", *cached[1:]]
 
 
 def run_cluster(

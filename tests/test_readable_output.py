@@ -48,8 +48,8 @@ def test_the_requests_line_says_why_requests_were_rejected_in_words(
     line = next(line for line in printed.splitlines() if line.startswith("requests "))
     assert "_" not in line  # no metric names (rejected_rate_limited) in the prose
     found = re.fullmatch(
-        r"requests      38 \(finished (\d+), cancelled (\d+); "
-        r"rejected (\d+): (\d+) rate-limited, (\d+) with the queue full\)",
+        r"requests      38 \(finished (\d+), cancelled (\d+), of which "
+        r"(\d+) rejected: (\d+) rate-limited, (\d+) with the queue full\)",
         line,
     )
     assert found is not None, line

@@ -80,10 +80,10 @@ def test_the_refill_time_is_the_bucket_s_exact_wait() -> None:
 
 
 def test_a_rate_limited_request_is_answered_429_plain_and_streamed() -> None:
-    # One token per 1000 simulated seconds: after the first request the bucket is empty
-    # for 1000 s, 10 wall seconds at speed 100.
+    # One token per 100,000 simulated seconds: after the first request the bucket is
+    # empty for 1,000 wall seconds at speed 100, far longer than the test takes.
     speed = 100
-    control = AdmissionControl({"*": Limit(rate_per_s=0.001, burst=1)})
+    control = AdmissionControl({"*": Limit(rate_per_s=0.00001, burst=1)})
     engine = simsim.SimulationEngine(serve_backend(1_000), admission=control)
     with (
         serving(engine, speed, ServeOptions(retry_after_s=1)) as (server, http, _),
@@ -112,7 +112,7 @@ def test_a_rate_limited_request_is_answered_429_plain_and_streamed() -> None:
             None,
             "rate_limited",
         )
-        assert "'*'" in error["message"] and "rate_per_s = 0.001" in error["message"]
+        assert "'*'" in error["message"] and "rate_per_s = 1e-05" in error["message"]
     table = engine.requests_frame()
     assert list(table["state"]) == ["FINISHED", "CANCELLED", "CANCELLED", "CANCELLED"]
     assert list(table["rejection"].fillna("-")) == [
@@ -125,8 +125,8 @@ def test_a_rate_limited_request_is_answered_429_plain_and_streamed() -> None:
     # refusal is known (a simulated microsecond after the arrival) or a moment later.
     emptied_us = int(table["arrival_time_us"][0])
     refused_us = int(table["arrival_time_us"][1])
-    latest = math.ceil((emptied_us + 1_000_000_000 - (refused_us + 1)) / (speed * 1_000_000))
-    assert latest >= 9  # far from --retry-after's 1: the header is the bucket's
+    latest = math.ceil((emptied_us + 100_000_000_000 - (refused_us + 1)) / (speed * 1_000_000))
+    assert latest >= 990  # far from --retry-after's 1: the header is the bucket's
     assert latest - 1 <= int(plain.value.response.headers["retry-after"]) <= latest
     counted = _counters(page)
     assert counted[("simsim:rejected_requests_total", "rate_limited")] == 3

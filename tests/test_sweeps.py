@@ -1112,7 +1112,10 @@ def _drop_metric(path: Path, name: str) -> None:
     ("tamper", "error"),
     [
         (lambda run: run.write_text('{"key": "', encoding="utf-8"), "JSONDecodeError"),
-        (lambda run: _drop_metric(run, "ttft_us_p99"), "KeyError: 'ttft_us_p99'"),
+        (
+            lambda run: _drop_metric(run, "ttft_us_p99"),
+            "ValueError: it lacks the metric 'ttft_us_p99', which every run of the sweep has",
+        ),
         (lambda run: _rewrite(run, metrics=[1.0, 2.0]), "TypeError: metrics must be a table"),
         (lambda run: _rewrite(run, metric_order="requests"), "ValueError: metric_order must"),
         (

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from simsim.clock import MAX_TIME_US
 from simsim.live.tokens import chat_text, count_text_tokens
 
 __all__ = [
@@ -197,7 +198,7 @@ _RANGES: Final = {
 # The roles of OpenAI's chat messages.
 _ROLES: Final = ("system", "user", "assistant", "tool", "developer")
 # A priority is a scheduler key: an int of the signed 64-bit range, as in scenario files.
-_PRIORITY_RANGE: Final = (-(2**63), 2**63 - 1)
+_PRIORITY_RANGE: Final = (-MAX_TIME_US - 1, MAX_TIME_US)
 
 
 @dataclass(frozen=True, slots=True)

@@ -333,7 +333,9 @@ class Scenario:
         """What :meth:`build` makes, for an out-of-memory message."""
         if self.cluster is None:
             return "building the server"
-        return f"building the cluster's {self.cluster.replica_count:,} replicas"
+        return (
+            f"building the cluster's {counted(self.cluster.replica_count, 'replica', grouped=True)}"
+        )
 
     def _build(self, env: Environment) -> Server:
         spec = self.cluster
@@ -405,7 +407,11 @@ class Scenario:
         generated = self.generated()
         if generated is not None:
             with out_of_memory_while(
-                self.source, lambda: f"listing the workload's {len(generated.requests):,} requests"
+                self.source,
+                lambda: (
+                    "listing the workload's "
+                    + counted(len(generated.requests), "request", grouped=True)
+                ),
             ):
                 specs.extend(RequestSpec.of(request) for request in generated.requests)
         seen: set[int] = set()
@@ -424,7 +430,7 @@ class Scenario:
 
 def _generating(workload: OpenLoopWorkload | ClassMix) -> str:
     """What generating *workload* makes, for an out-of-memory message."""
-    what = f"generating the workload's {workload.count:,} requests"
+    what = f"generating the workload's {counted(workload.count, 'request', grouped=True)}"
     prefixes = workload.shared_prefixes if isinstance(workload, OpenLoopWorkload) else None
     if prefixes is not None:
         what += (

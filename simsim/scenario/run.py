@@ -8,6 +8,7 @@ from typing import Any
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.model import RequestSpec, Scenario, Server
+from simsim.wording import counted
 from simsim.workloads import ClosedLoopWorkload
 
 __all__ = ["check_scenario", "run_scenario"]
@@ -60,9 +61,9 @@ def run_scenario(
 
 def _running(scenario: Scenario, known: int) -> str:
     """What a run holds, for an out-of-memory message: its requests and their records."""
-    what = f"running the simulation of {known:,} requests"
+    what = f"running the simulation of {counted(known, 'request', grouped=True)}"
     if isinstance(scenario.workload, ClosedLoopWorkload):
-        what += f" and {scenario.workload.users:,} closed-loop users"
+        what += f" and {counted(scenario.workload.users, 'closed-loop user', grouped=True)}"
     return what + " (its records grow with every event)"
 
 
@@ -95,7 +96,7 @@ def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> Server:
     """A new engine (or cluster) for *scenario* with every one of *specs* submitted,
     not yet run."""
     engine = scenario.build()
-    submitting = f"submitting the scenario's {len(specs):,} requests"
+    submitting = f"submitting the scenario's {counted(len(specs), 'request', grouped=True)}"
     with out_of_memory_while(scenario.source, lambda: submitting):
         for spec in specs:
             _submit(scenario, engine, spec)

@@ -285,7 +285,7 @@ class _Store:
 def _metric_order(stored: Mapping[str, Any], required: Sequence[str]) -> list[str]:
     """The names of a run file's metrics, in the order its run reported them.
 
-    Every name of *required* must be among them (``KeyError`` otherwise). A file written
+    Every name of *required* must be among them (``ValueError`` otherwise). A file written
     before run files kept ``metric_order`` stores its metrics sorted by name: those of
     *required* then come first, in their order, and the others after them, by name.
     """
@@ -294,7 +294,7 @@ def _metric_order(stored: Mapping[str, Any], required: Sequence[str]) -> list[st
         raise TypeError(f"metrics must be a table of values, got {type(metrics).__name__}")
     missing = [name for name in required if name not in metrics]
     if missing:
-        raise KeyError(missing[0])
+        raise ValueError(f"it lacks the metric {missing[0]!r}, which every run of the sweep has")
     if "metric_order" not in stored:
         return [*required, *(name for name in metrics if name not in required)]
     order = stored["metric_order"]
