@@ -379,6 +379,14 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
             "send every request to the least loaded; use 'least_outstanding' for that, or add "
             "[prefix_cache]",
         ),
+        (
+            ONE_REQUEST
+            + '[cluster]\nreplicas = 2\nrouter = "weighted"\nweights = { prefix = 1.0 }\n',
+            "cluster.weights",
+            "only 'prefix' is weighed, and the replicas have no prefix cache (engine = "
+            '"batching" with [kv_cache] and [prefix_cache]): it would send every request to the '
+            "least loaded; weigh 'queue' too, or add [prefix_cache]",
+        ),
     ],
 )
 def test_what_only_a_prefix_cache_uses_is_refused_without_one(

@@ -450,6 +450,21 @@ def test_prefix_affinity_over_replicas_without_a_prefix_cache_is_refused() -> No
     Cluster([batching(env), cached(env)], PrefixAffinityRouter())
 
 
+def test_a_weighted_router_of_prefixes_alone_needs_a_prefix_cache() -> None:
+    env = simsim.Environment()
+    replicas = [batching(env), single(env)]
+    with pytest.raises(
+        ValueError,
+        match=r"^router WeightedRouter\(weights=\{'prefix': 1\.0, 'queue': 0\.0\}\) scores "
+        r"replicas only by the cached prefix of a request, and none of the 2 replicas has",
+    ):
+        Cluster(replicas, WeightedRouter({"prefix": 1.0, "queue": 0.0}))
+    # Weighing load too, the prefix term is a constant: the router still routes by load.
+    Cluster(replicas, WeightedRouter())
+    env = simsim.Environment()
+    Cluster([batching(env), cached(env)], WeightedRouter({"prefix": 1.0}))
+
+
 def test_a_disaggregated_decode_pool_without_prefix_caches_refuses_prefix_affinity() -> None:
     env = simsim.Environment()
     transfer = simsim.KvTransferConfig(kv_bytes_per_token=1, bandwidth_bytes_per_s=10**6)

@@ -34,7 +34,13 @@ from simsim.admission import (
     check_admission,
 )
 from simsim.clock import Environment, check_count
-from simsim.cluster.routers import PrefixAffinityRouter, ReplicaSnapshot, Router, make_router
+from simsim.cluster.routers import (
+    PrefixAffinityRouter,
+    ReplicaSnapshot,
+    Router,
+    WeightedRouter,
+    make_router,
+)
 from simsim.engines.arrivals import PendingArrivals
 from simsim.engines.base import EngineBase, unused_block_hashes
 from simsim.engines.batching import BatchingEngine
@@ -89,19 +95,27 @@ def _probe(engine: EngineBase) -> _Probe:
 
 
 def check_prefix_router(router: Router, replicas: Sequence[EngineBase], pool: str) -> None:
-    """Refuse a :class:`~simsim.cluster.routers.PrefixAffinityRouter` in front of
-    *replicas* none of which has a prefix cache: it would route by nothing (every request
-    to the least loaded) while claiming to follow prefixes. Checked before the cluster
-    changes anything."""
-    if not isinstance(router, PrefixAffinityRouter):
+    """Refuse a router that routes by prefixes alone in front of *replicas* none of which
+    has a prefix cache: a :class:`~simsim.cluster.routers.PrefixAffinityRouter`, or a
+    :class:`~simsim.cluster.routers.WeightedRouter` whose only weight is ``prefix``. It
+    would route by nothing (every request to the least loaded) while claiming to follow
+    prefixes. (A weighted router that also weighs load only loses a constant term.)
+    Checked before the cluster changes anything."""
+    if isinstance(router, PrefixAffinityRouter):
+        what = "sends a request where its prefix is cached"
+    elif isinstance(router, WeightedRouter) and not any(
+        weight for name, weight in router.weights.items() if name != "prefix"
+    ):
+        what = "scores replicas only by the cached prefix of a request"
+    else:
         return
     if any(engine._shares_prefixes() for engine in replicas):
         return
     raise ValueError(
-        f"router {router!r} sends a request where its prefix is cached, and none of the "
-        f"{len(replicas)} {pool} has a prefix cache (BatchingEngine(..., kv_cache=..., "
-        "prefix_cache=True)): it would send every request to the least loaded; use "
-        "'least_outstanding' for that, or give the replicas a prefix cache"
+        f"router {router!r} {what}, and none of the {len(replicas)} {pool} has a prefix "
+        "cache (BatchingEngine(..., kv_cache=..., prefix_cache=True)): it would send every "
+        "request to the least loaded; use 'least_outstanding' for that, or give the "
+        "replicas a prefix cache"
     )
 
 

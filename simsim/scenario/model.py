@@ -341,6 +341,13 @@ class Scenario:
         spec = self.cluster
         if spec is None:
             return self._build_server(env, self.batching)
+        try:
+            return self._build_cluster(spec, env)
+        except (TypeError, ValueError) as error:
+            # The file's checks should have caught it; if not, it is still the file's fault.
+            raise ScenarioError(self.source, "cluster", str(error)) from None
+
+    def _build_cluster(self, spec: ClusterSpec, env: Environment) -> Cluster:
         if spec.pool is not None:
             return Cluster(
                 self._build_pool(spec.pool, env),

@@ -627,6 +627,13 @@ def _parse_pool(
             for scorer in weights_table
         }
         make(check, f"{where}.weights", WeightedRouter, values)
+        if not prefix_cache and not any(w for scorer, w in values.items() if scorer != "prefix"):
+            raise check.fail(
+                f"{where}.weights",
+                "only 'prefix' is weighed, and the replicas have no prefix cache "
+                '(engine = "batching" with [kv_cache] and [prefix_cache]): it would send every '
+                "request to the least loaded; weigh 'queue' too, or add [prefix_cache]",
+            )
         weights = tuple(values.items())
     return PoolSpec(replicas, router, seed, weights, _pool_batching(check, table, where, batching))
 
