@@ -79,6 +79,26 @@ def test_the_refill_time_is_the_bucket_s_exact_wait() -> None:
         plain.rate_limit_refill_us(5)
 
 
+def test_a_cluster_tells_the_refill_time_of_its_own_control() -> None:
+    control = AdmissionControl({"*": Limit(rate_per_s=3, burst=1)})
+    env = simsim.Environment()
+    cluster = simsim.Cluster(
+        [simsim.SimulationEngine(serve_backend(1_000), env=env) for _ in range(2)],
+        "round_robin",
+        admission=control,
+    )
+    for rid, arrival in ((0, 0), (1, 100_000)):
+        cluster.submit(simsim.Request(rid, arrival, 1, 1))
+    env.run(until=100_001)
+    assert cluster.requests[1].rejection == "rate_limited"
+    assert cluster.rate_limit_refill_us(1) == 333_334 - 100_001
+    with pytest.raises(simsim.UnknownRequestError, match="request 7"):
+        cluster.rate_limit_refill_us(7)
+    plain = simsim.Cluster([simsim.SimulationEngine(serve_backend(1_000))], "round_robin")
+    plain.submit(simsim.Request(0, 0, 1, 1))
+    assert plain.rate_limit_refill_us(0) is None
+
+
 def test_a_rate_limited_request_is_answered_429_plain_and_streamed() -> None:
     # One token per 100,000 simulated seconds: after the first request the bucket is
     # empty for 1,000 wall seconds at speed 100, far longer than the test takes.

@@ -351,6 +351,16 @@ class Cluster:
         self._bring_up_to_date()
         return MappingProxyType(self._requests)
 
+    def rate_limit_refill_us(self, request_id: int) -> int | None:
+        """How long from now until the token bucket of *request_id*'s class (or tenant)
+        holds a whole token, in microseconds, as :meth:`EngineBase.rate_limit_refill_us
+        <simsim.engines.base.EngineBase.rate_limit_refill_us>` says for an engine: the
+        cluster's admission control is the one that checks its arrivals."""
+        self._check_alive()
+        request = self._requests[self._known(request_id)]
+        gate = self._gate
+        return None if gate is None else gate.refill_us(request, self._env._now)
+
     def replica_of(self, request_id: int) -> int | None:
         """The index of the replica that holds the request now (for a disaggregated
         cluster, the decode replica once handed over), or ``None`` before routing."""
