@@ -444,3 +444,20 @@ def test_validate_takes_the_backend_file_run_and_serve_take(
     assert "backend: missing table" in capsys.readouterr().err
     assert main(["validate", str(path), *flags, "--backend", str(backend)]) == 0
     assert capsys.readouterr().out.startswith(f"{path}: ok: scenario 'plain', engine single_slot")
+
+
+def test_a_serving_file_may_name_classes_its_clients_never_carry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # serve.md: limits that name classes get a note, not a refusal (a serving file has no
+    # requests of its own to check the names against).
+    path = _scenario_file(
+        tmp_path / "limits.toml",
+        "single_slot",
+        '[admission.limits.chat]\nmax_queued = 3\n[admission.limits."*"]\nrate_per_s = 5.0\n',
+    )
+    assert main(["validate", str(path), "--serve"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "simsim: note: served requests carry no class name, so the admission limits for "
+        "'chat' never apply to them (only the '*' limit does)"
+    ]

@@ -1805,3 +1805,32 @@ def test_every_summarize_metric_has_a_range_and_fractions_end_at_1() -> None:
     # A column of the caller's own, which may be negative, is never clipped.
     for unknown in ("profit", "status", "slack"):
         assert metric_range(unknown) == (-math.inf, math.inf)
+
+
+def test_every_metric_summarize_reports_has_a_known_range() -> None:
+    # A metric whose name says nothing of its range gets an unclipped interval (once, a
+    # rejected_share below 0): every row summarize and class_summary give, for every kind
+    # of scenario, must be a fraction or at least 0.
+    from simsim.results import class_summary
+
+    names: set[str] = set()
+    for name, extra in [
+        ("small.toml", ""),
+        ("cluster.toml", ""),
+        ("disaggregated.toml", ""),
+        ("classes.toml", '[admission.limits."*"]\nrate_per_s = 1.0\nmax_queued = 2\n'),
+        ("batching.toml", "[prefix_cache]\n"),
+    ]:
+        document = tomllib.loads((EXAMPLES / name).read_text(encoding="utf-8") + extra)
+        server = run_scenario(parse_scenario(document, source=name, base_dir=EXAMPLES))
+        frame = server.requests_frame()
+        slots: Any = sum(r.max_active_requests for r in getattr(server, "replicas", [server]))
+        if "prefill_replica" in frame:
+            pools = (server.prefill_replicas, server.decode_replicas)  # type: ignore[union-attr]
+            slots = tuple(sum(r.max_active_requests for r in pool) for pool in pools)
+        names |= set(summarize(frame, slots=slots, ttft_slo_us=1e6, tpot_slo_us=1e5).index)
+        if "tenant" in frame:
+            names |= set(class_summary(frame, "tenant", slo={"*": {"ttft_us": 1e6}}).index)
+    assert {"rejected_share", "decode_utilization", "replica_load_imbalance"} <= names
+    unknown = sorted(name for name in names if metric_range(name)[0] == -math.inf)
+    assert unknown == [], unknown

@@ -219,7 +219,9 @@ def parse_scenario(
         )
 
     admission = _parse_admission(check, data, cluster) if "admission" in data else None
-    if admission is not None:
+    if admission is not None and (specs or workload is not None):
+        # A serving scenario has no requests of its own: its clients' names are unknown
+        # here (simsim serve notes which limits its requests can meet).
         _check_limit_names(check, admission, specs, workload)
     _check_trace_blocks(check, data, batching)
     if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):

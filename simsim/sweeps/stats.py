@@ -29,9 +29,22 @@ _TINY = 1e-300
 _EPSILON = 1e-15
 # Words of a metric's name (split at "_") that say what it can be: a fraction is in
 # [0, 1]; a count, a duration in microseconds, a rate or a length is at least 0.
-_FRACTION_WORDS = frozenset({"attainment", "fraction", "hit", "utilisation", "utilization"})
+_FRACTION_WORDS = frozenset(
+    {"attainment", "fraction", "hit", "share", "fairness", "utilisation", "utilization"}
+)
 _NON_NEGATIVE_WORDS = frozenset(
-    {"count", "requests", "tokens", "us", "throughput", "goodput", "length", "busy"}
+    {
+        "count",
+        "requests",
+        "tokens",
+        "us",
+        "throughput",
+        "goodput",
+        "length",
+        "busy",
+        "replicas",
+        "imbalance",
+    }
 )
 
 
@@ -132,13 +145,16 @@ def metric_range(metric: str) -> tuple[float, float]:
     """The lowest and highest value a :func:`simsim.summarize` metric can take, by its name.
 
     The name's words (split at ``_``) tell. A fraction, with a word ``attainment``,
-    ``fraction``, ``hit``, ``utilisation`` or ``utilization`` (``slo_attainment``,
-    ``prefix_cache_hit_rate_tokens``), is in [0, 1].
-    A count, a duration, a rate or a length, with a word ``count``, ``requests``,
-    ``tokens``, ``us`` (microseconds: ``ttft_us_p99``, ``makespan_us``), ``throughput``,
-    ``goodput``, ``length`` or ``busy``, is at least 0 with no upper limit. Every metric
-    ``summarize`` reports is one of these. A name with none of these words (a column of
-    the caller's own) gets no limits, so its interval is never clipped.
+    ``fraction``, ``hit``, ``share``, ``fairness``, ``utilisation`` or ``utilization``
+    (``slo_attainment``, ``prefix_cache_hit_rate_tokens``, ``rejected_share``,
+    ``jain_fairness_index``), is in [0, 1].
+    A count, a duration, a rate, a length or a ratio of counts, with a word ``count``,
+    ``requests``, ``tokens``, ``us`` (microseconds: ``ttft_us_p99``, ``makespan_us``),
+    ``throughput``, ``goodput``, ``length``, ``busy``, ``replicas`` or ``imbalance``, is
+    at least 0 with no upper limit. Every metric :func:`simsim.summarize` and
+    :func:`~simsim.results.class_summary` report is one of these (a test holds them to
+    it). A name with none of these words (a column of the caller's own) gets no limits,
+    so its interval is never clipped.
     """
     words = set(metric.lower().split("_"))
     if words & _FRACTION_WORDS:
