@@ -611,11 +611,16 @@ def _cluster_lines(
         low = summary.get(f"{pool}replica_utilization_min")
         high = summary.get(f"{pool}replica_utilization_max")
         imbalance = summary.get(f"{pool}replica_load_imbalance")
-        if low is not None and high is not None and pd.notna(low) and pd.notna(high):
-            lines.append(
-                f"{'balance':<14}{pool.replace('_', ' ')}replicas busy {low:.1%} to {high:.1%} "
-                f"of the time; busiest got {imbalance:.2f}x its fair share of requests"
-            )
+        if low is None or high is None or pd.isna(low) or pd.isna(high):
+            continue
+        who = pool.replace("_", " ")
+        if summary.get(f"{pool}replicas") == 1:  # nothing to balance: how busy it was
+            lines.append(f"{'balance':<14}{who}replica busy {low:.1%} of the time (the only one)")
+            continue
+        lines.append(
+            f"{'balance':<14}{who}replicas busy {low:.1%} to {high:.1%} "
+            f"of the time; busiest got {imbalance:.2f}x its fair share of requests"
+        )
     if "transfer_us" in requests:
         moved = requests["transfer_us"].dropna()
         if len(moved):

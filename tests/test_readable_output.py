@@ -118,6 +118,15 @@ def test_a_cluster_of_one_replica_says_replica() -> None:
         Cluster([busy])
 
 
+def test_a_pool_of_one_replica_says_how_busy_it_was_not_a_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = ONE_OF_EACH.format(blocks=8) + request(0, 4, 2) + "[cluster]\nreplicas = 1\n"
+    printed = run_printed(tmp_path, capsys, text)
+    (line,) = [line for line in printed.splitlines() if line.startswith("balance")]
+    assert re.fullmatch(r"balance       replica busy \d+\.\d% of the time \(the only one\)", line)
+
+
 # ---------------------------------------------------------------------- figures
 
 
