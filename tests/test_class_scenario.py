@@ -217,7 +217,7 @@ BAD_CLASSES = [
         "rate_per_s = 50.0",
         "rate_per_s = -1.0",
         "workload.classes[0] (chat).rate_per_s",
-        "rate_per_s must be > 0",
+        "must be > 0, got -1.0",
         id="negative-rate",
     ),
     pytest.param(
@@ -366,8 +366,17 @@ def test_a_cluster_checks_admission_once_before_routing(tmp_path: Path) -> None:
         (
             '[scheduler]\npolicy = "fair"\nprompt_weight = 0\noutput_weight = 0',
             "scheduler",
-            "FairShareScheduler: prompt_weight=0.0 and output_weight=0.0: at least one weight "
-            "must be above 0",
+            "prompt_weight=0.0 and output_weight=0.0: at least one weight must be above 0",
+        ),
+        (
+            '[scheduler]\npolicy = "fair"\nprompt_weight = -1',
+            "scheduler.prompt_weight",
+            "must be a finite number >= 0, got -1.0",
+        ),
+        (
+            '[admission.limits."*"]\nrate_per_s = -1.0',
+            "admission.limits.*.rate_per_s",
+            "must be >= 0 requests per second, got -1.0",
         ),
     ],
 )

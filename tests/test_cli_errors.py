@@ -191,19 +191,49 @@ def test_gamma_cv_out_of_float_range(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("count", ["99_999_999_999"])
 def test_huge_count_is_refused_before_allocating(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], count: str
 ) -> None:
+    # (A count past 64 bits is refused, as any integer of a file is, as past that limit.)
     path = write(
         tmp_path,
-        workload("count = 99999999999\nrate_per_s = 1.0\nprompt_tokens = 1\noutput_tokens = 1"),
+        workload(f"count = {count}\nrate_per_s = 1.0\nprompt_tokens = 1\noutput_tokens = 1"),
     )
     line = one_line_error(capsys, "run", str(path), "--out", str(tmp_path / "out"))
     assert_names(
         line,
         f"{path}: workload.count: must be at most 10,000,000 (every request is held in memory, "
-        "about 1 GB per million), got 99,999,999,999",
+        f"about 1 GB per million), got {int(count):,}",
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "spelling"),
+    [
+        (
+            "count = 3\nrate_per_s = 1.0\noutput_tokens = 1\n"
+            'prompt_tokens = { distribution = "empirical", values = [10.0, 20] }',
+            "workload.prompt_tokens.values[0]",
+            "got float 10.0 (write 10: whole numbers are TOML integers)",
+        ),
+        (
+            "count = 3\nrate_per_s = 1.0\noutput_tokens = 1\nprompt_tokens = 1\n"
+            "shared_prefixes = { lengths = [64, 128.0] }",
+            "workload.shared_prefixes.lengths[1]",
+            "got float 128.0 (write 128: whole numbers are TOML integers)",
+        ),
+    ],
+)
+def test_a_whole_float_in_an_array_names_its_integer_spelling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, key: str, spelling: str
+) -> None:
+    prefix_cache = "[kv_cache]\nblock_size_tokens = 16\ntotal_blocks = 100\n[prefix_cache]\n"
+    head = '[scenario]\nengine = "batching"\n' + BACKEND + "[batching]\nmax_active_requests = 2\n"
+    text = head + prefix_cache + "[workload]\n" + body + "\n"
+    path = write(tmp_path, text)
+    line = one_line_error(capsys, "validate", str(path))
+    assert line == f"simsim: error: {path}: {key}: must be an integer, {spelling}"
 
 
 def test_huge_closed_loop_user_count_is_refused(

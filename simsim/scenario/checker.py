@@ -12,7 +12,7 @@ import contextlib
 import difflib
 import math
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -139,13 +139,30 @@ def from_trace_error(error: TraceError) -> ScenarioError:
 
 
 def make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    """``factory(*args, **kwargs)``; its argument errors become a :class:`ScenarioError`."""
+    """``factory(*args, **kwargs)``; its argument errors become a :class:`ScenarioError`.
+
+    A message about one of the keyword arguments ("rate_per_s must be ...", perhaps
+    after the factory's name) is reported at that key (``<at>.rate_per_s: must be ...``),
+    as the file's own checks report theirs.
+    """
     try:
         return factory(*args, **kwargs)
     except TraceError as error:
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
-        raise check.fail(at, str(error)) from None
+        raise check.fail(*_keyed(at, str(error), factory, kwargs)) from None
+
+
+def _keyed(
+    at: str, rule: str, factory: Callable[..., Any], kwargs: Mapping[str, Any]
+) -> tuple[str, str]:
+    """Where a factory's error *rule* belongs, and the rule without the key's name."""
+    rule = rule.removeprefix(f"{getattr(factory, '__name__', '')}: ")
+    for name in (at.rpartition(".")[2], *kwargs):
+        if rule.startswith(f"{name} "):
+            where = at if at.endswith(f".{name}") or at == name else f"{at}.{name}"
+            return where, rule.removeprefix(f"{name} ")
+    return at, rule
 
 
 def limited(check: TomlChecker, at: str, name: str, limit: Callable[[int], int], value: int) -> int:
@@ -223,6 +240,17 @@ class TomlChecker:
         if value > MAX_TIME_US:
             raise self.fail(at, f"must be at most 2**63 - 1, got {value}")
         return value
+
+    def integers(self, values: Sequence[Any], at: str) -> list[int]:
+        """Every item of the array at *at* as an integer (a whole float is refused with
+        its integer spelling, as a single integer key's is)."""
+        for index, value in enumerate(values):
+            if type(value) is not int:
+                raise self.fail(
+                    f"{at}[{index}]",
+                    f"must be an integer, got {_kind(value)} {value!r}{_spelling(value)}",
+                )
+        return list(values)
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
         value = self._get(table, key, where, default)

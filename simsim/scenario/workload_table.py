@@ -309,10 +309,11 @@ def _parse_shared_prefixes(
     if shared_cache is None:
         raise check.fail(where, _NEEDS_PREFIX_CACHE.format(what="requests share its blocks"))
     lengths = prefixes.get("lengths")
-    if not isinstance(lengths, list) or not lengths or not all(type(v) is int for v in lengths):
+    if not isinstance(lengths, list) or not lengths:
         raise check.fail(
             f"{where}.lengths", f"must be a non-empty array of integers, got {lengths!r}"
         )
+    lengths = check.integers(lengths, f"{where}.lengths")
     weights = prefixes.get("weights")
     if weights is not None and (
         not isinstance(weights, list) or not all(type(v) in (int, float) for v in weights)
@@ -435,4 +436,5 @@ def _parse_distribution(
     weights = spec.get("weights")
     if not isinstance(values, list):
         raise check.fail(f"{at}.values", "an empirical distribution needs values = [...] or path")
+    values = check.integers(values, f"{at}.values")
     return make(check, at, Empirical, tuple(values), None if weights is None else tuple(weights))
