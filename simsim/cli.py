@@ -42,6 +42,7 @@ import pandas as pd
 from simsim import __version__
 from simsim.admission import ANY_OTHER, QUEUE_FULL, RATE_LIMITED
 from simsim.backend import FittedBackendConfig
+from simsim.clock import MAX_TIME_US
 from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
@@ -317,6 +318,8 @@ def _out_of_memory(error: BaseException) -> str:
 def _load(args: argparse.Namespace) -> Scenario:
     if args.seed is not None and args.seed < 0:
         raise ScenarioError("--seed", "", f"must be >= 0, got {args.seed}")
+    if args.seed is not None and args.seed > MAX_TIME_US:  # as [scenario] seed is
+        raise ScenarioError("--seed", "", f"must be at most 2**63 - 1, got {args.seed}")
     backend = getattr(args, "backend", None)
     if args.scenario is None:
         scenario = default_scenario(0 if args.seed is None else args.seed)
@@ -921,9 +924,12 @@ def _serve(args: argparse.Namespace) -> int:
     requests = engine.requests_frame()
     states = requests["state"].value_counts()
     finished, cancelled = states.get("FINISHED", 0), states.get("CANCELLED", 0)
+    rejected = ""
+    if "rejection" in requests:  # turned away by [admission]: answered 429, counted cancelled
+        rejected = f" of which {int(requests['rejection'].notna().sum())} rejected"
     print(
         f"served {counted(len(requests), 'request')} ({finished} finished, {cancelled} "
-        f"cancelled, {len(requests) - finished - cancelled} unfinished) in "
+        f"cancelled{rejected}, {len(requests) - finished - cancelled} unfinished) in "
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
@@ -1136,6 +1142,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     if args.seed is not None and args.seed < 0:
         raise ScenarioError("--seed", "", f"must be >= 0, got {args.seed}")
+    if args.seed is not None and args.seed > MAX_TIME_US:  # as [scenario] seed is
+        raise ScenarioError("--seed", "", f"must be at most 2**63 - 1, got {args.seed}")
     # The server measured is the cost model: the file needs no [backend] table.
     scenario = load_scenario(args.scenario, seed=args.seed, require_backend=False)
     replay.planned_requests(scenario)  # a closed-loop workload is refused before anything

@@ -721,9 +721,16 @@ def test_duplicate_between_inline_and_trace(
 # =================================================================== CLI arguments
 
 
-def test_negative_seed_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = cli(capsys, "run", "--seed", "-1", "--out", str(tmp_path / "o"))
-    assert code == 2 and "--seed" in err and "must be >= 0" in err
+@pytest.mark.parametrize(
+    ("seed", "rule"),
+    [("-1", "must be >= 0, got -1"), ("9" * 23, f"must be at most 2**63 - 1, got {'9' * 23}")],
+)
+def test_a_seed_option_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: str, rule: str
+) -> None:
+    # The rule of [scenario] seed, for the option too.
+    code, _, err = cli(capsys, "run", "--seed", seed, "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == f"simsim: error: --seed: {rule}"
     assert not (tmp_path / "o").exists()
 
 

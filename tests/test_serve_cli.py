@@ -461,3 +461,19 @@ def test_a_serving_file_may_name_classes_its_clients_never_carry(
         "simsim: note: served requests carry no class name, so the admission limits for "
         "'chat' never apply to them (only the '*' limit does)"
     ]
+
+
+def test_the_closing_line_counts_the_requests_admission_turned_away(tmp_path: Path) -> None:
+    path = _scenario_file(
+        tmp_path / "limited.toml",
+        "single_slot",
+        '[admission.limits."*"]\nrate_per_s = 0.0\nburst = 1\n',  # one request, then none
+    )
+    with _serve_process(tmp_path, str(path)) as (process, url):
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+            for prompt in ("b", "c"):
+                with pytest.raises(openai.RateLimitError):
+                    client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+        out, _ = _stop(process, signal.SIGINT)
+    assert "served 3 requests (1 finished, 2 cancelled of which 2 rejected, 0 unfinished)" in out
