@@ -105,8 +105,13 @@ def __getattr__(name: str) -> ModuleType:
     raise AttributeError(f"module 'simsim' has no attribute {name!r}")
 
 
+# Public modules the guides use as simsim.<name> beyond __all__'s (which `import *` keeps
+# as it was); simsim.live is left out: it needs the serve extra to import.
+_DOCUMENTED_MODULES = ("admission", "results", "scenario", "schedulers")
+
+
 def __dir__() -> list[str]:
-    # The public API and the module's own dunders, not the helpers and submodules that
-    # importing it leaves in its namespace (ModuleType, engines, results...).
+    # The public API and the module's own dunders, not the helpers and internal
+    # submodules that importing it leaves in its namespace (ModuleType, engines...).
     dunders = (name for name in globals() if name.startswith("__") and name.endswith("__"))
-    return sorted({*__all__, *dunders})
+    return sorted({*__all__, *_DOCUMENTED_MODULES, *dunders})

@@ -433,14 +433,14 @@ def _slot_counts(slots: object, pools: Sequence[_Pool]) -> tuple[int, ...]:
     """*slots* checked against the frame: one count for a server or a cluster, a pair
     (prefill slots, decode slots) for a disaggregated cluster's two pools."""
     if len(pools) != 2:
-        if isinstance(slots, tuple):
+        if isinstance(slots, tuple | list):
             raise TypeError(
                 f"slots must be an int (the server's or the cluster's slot count), got "
                 f"{slots!r}; a pair is for a disaggregated cluster's frame, and this one "
                 f"has no {_PREFILL_COLUMN!r} and {_DECODE_COLUMN!r} columns"
             )
         return (check_count(slots, "slots", minimum=1),)
-    if not isinstance(slots, tuple) or len(slots) != 2:
+    if not isinstance(slots, tuple | list) or len(slots) != 2:
         raise TypeError(
             f"slots must be a pair (prefill slots, decode slots) for a disaggregated "
             f"cluster's requests frame, got {slots!r}: its pools hold requests at "
@@ -627,7 +627,7 @@ def _replica_pools(requests: pd.DataFrame, replicas: object, *, required: bool) 
             prefill_count = int(decode.min()) if len(decode) else _count_of(prefill)
             decode_count = int(decode.max()) + 1 - prefill_count if len(decode) else 0
         elif (
-            isinstance(replicas, tuple)
+            isinstance(replicas, tuple | list)
             and len(replicas) == 2
             and all(type(n) is int and n >= 1 for n in replicas)
         ):

@@ -107,6 +107,11 @@ def test_a_disaggregated_frame_takes_one_slot_count_per_pool() -> None:
     plain = frame.drop(columns=["prefill_replica", "decode_replica"])
     with pytest.raises(TypeError, match=r"slots must be an int .* got \(4, 1\); a pair is for"):
         simsim.summarize(plain, slots=(4, 1))
+    # A list is a pair as well as a tuple is, for slots and replicas alike.
+    pd.testing.assert_frame_equal(
+        simsim.summarize(frame, slots=[4, 1], replicas=[1, 1]),
+        simsim.summarize(frame, slots=(4, 1), replicas=(1, 1)),
+    )
 
 
 def test_a_backed_up_decode_pool_prints_honest_occupancy_everywhere(

@@ -54,3 +54,9 @@ __all__ = [
     "replay",
     "serving_engine",
 ]
+
+
+def __dir__() -> list[str]:
+    # The public API, not the extras checked above or `annotations`.
+    dunders = (name for name in globals() if name.startswith("__") and name.endswith("__"))
+    return sorted({*__all__, *dunders})
