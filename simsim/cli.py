@@ -395,7 +395,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     wall_s = time.monotonic() - started
-    with out_of_memory_while(scenario.source, lambda: "building and writing the result tables"):
+    with out_of_memory_while(scenario.source, lambda: _building_tables(engine)):
         frames = _write_tables("--out", out, engine, args.format, scenario)
     summary = frames["summary"].set_index("metric")
     if replacing:
@@ -459,6 +459,18 @@ def _engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
     summary = summarize(frames["requests"], slots=slots, replicas=counts)
     frames["summary"] = summary.reset_index()
     return frames
+
+
+def _building_tables(engine: Server) -> str:
+    """What :func:`_write_tables` makes of *engine*'s run, for an out-of-memory message:
+    the tables of its requests, on its replicas when it is a cluster."""
+    what = (
+        "building and writing the result tables of "
+        f"{counted(len(engine.requests), 'request', grouped=True)}"
+    )
+    if isinstance(engine, Cluster):
+        what += f" on {counted(len(engine.replicas), 'replica', grouped=True)}"
+    return what
 
 
 def _write_tables(

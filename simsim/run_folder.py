@@ -2,30 +2,36 @@
 
 ``simsim run --out DIR`` writes one file per table (:data:`RUN_TABLES`), all in one
 format (CSV or parquet), and ``run.json``, the folder's manifest: the format, the
-tables it holds, the scenario, the seed and the simsim version. ``simsim replay``
-writes a *measured* folder the same way: the requests a real server answered (the
-simulation's columns, then :data:`MEASURED_REQUEST_DTYPES`' columns), a ``tokens``
-table (:data:`MEASURED_TABLES`) and a manifest with a ``measured`` key. A cluster's
-tables carry replica columns (:data:`CLUSTER_REQUEST_DTYPES`, and ``replica`` in the
-events, admissions and iterations tables). :func:`read_run_folder`
-reads them back with the dtypes the frames had (CSV keeps none: ``Int64`` times would
-come back as floats), so ``simsim plot`` and a user's own notebook see the tables the
-run produced. Nothing here draws or runs anything.
+tables it holds, the scenario, the seed, the simsim version, and each table's column
+dtypes. ``simsim replay`` writes a *measured* folder the same way: the requests a real
+server answered (the simulation's columns, then :data:`MEASURED_REQUEST_DTYPES`'
+columns), a ``tokens`` table (:data:`MEASURED_TABLES`) and a manifest with a
+``measured`` key. A cluster's tables carry replica columns
+(:data:`CLUSTER_REQUEST_DTYPES`, and ``replica`` in the events, admissions and
+iterations tables). :func:`read_run_folder` reads them back as the frames were, dtypes
+included (CSV keeps none: ``Int64`` times would come back as floats), so ``simsim
+plot`` and a user's own notebook see the tables the run produced. Nothing here draws or
+runs anything.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import numpy as np
 import pandas as pd
 
 from simsim._version import __version__
+from simsim.admission import append_rejection
 from simsim.records import ITERATION_COLUMNS
+from simsim.request import Request
 from simsim.results import REQUEST_COLUMNS, requests_frame
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "MEASURED_REQUEST_DTYPES",
     "MEASURED_TABLES",
     "RUN_TABLES",
+    "VALUE_TYPES",
     "Format",
     "RunFolder",
     "holds_a_run",
@@ -90,11 +97,44 @@ CLUSTER_REQUEST_DTYPES: Final[Mapping[str, str]] = {
 ``simsim.DisaggregatedCluster.requests_frame``), with their dtypes: ``<NA>`` where a
 request never reached a replica or its KV transfer never completed."""
 
-_MANIFEST_KEYS: Final = ("format", "tables", "scenario", "seed", "end_us", "simsim_version")
+VALUE_TYPES: Final = ("str", "int", "float", "bool", "json")
+"""What the manifest's ``value_types`` may say a column of Python objects (a request's
+``tag_<key>``) holds: all ``str``, ``int`` (64-bit), ``float`` or ``bool`` values, or
+``json``, anything else (mixed types, say), each value stored as its JSON text."""
 
-# The dtypes CSV loses, per table; columns not listed are read as pandas infers them.
+_MANIFEST_KEYS: Final = (
+    "format",
+    "tables",
+    "scenario",
+    "seed",
+    "end_us",
+    "simsim_version",
+    "dtypes",
+    "value_types",
+)
+
 _INT64 = "Int64"
+
+
+def _request_dtypes() -> dict[str, str]:
+    """Every column a requests table can have, with the dtype its frame gives it."""
+    # requests_frame and append_rejection type their own columns: asked, not copied.
+    sample = Request(0, 0, 0, 0, request_class="c")
+    frame = requests_frame([sample])
+    append_rejection(frame, {0: sample})
+    return {
+        **{str(column): str(dtype) for column, dtype in frame.dtypes.items()},
+        "cached_prompt_tokens": "int64",  # BatchingEngine and Cluster with a prefix cache
+        **CLUSTER_REQUEST_DTYPES,
+        **MEASURED_REQUEST_DTYPES,
+    }
+
+
+# The one rule for the dtypes of a folder whose manifest does not record them (written
+# by simsim before it did): the dtype each frame gives each column a table can have. A
+# column not listed (a tag) is read as pandas infers it.
 _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": _request_dtypes(),
     # A cluster's events, admissions and iterations add the replica's index.
     "events": {
         "timestamp_us": _INT64,
@@ -116,18 +156,14 @@ _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
             if name not in ("start_us", "end_us", "abandoned")
         },
         "abandoned": "bool",
+        "kv_blocks_cached": "int64",
         "replica": "int64",
     },
     "summary": {"value": "float64"},
     "tokens": {"request_id": "int64", "token_index": "int64", "time_us": _INT64},
 }
 
-
-def _dtypes(name: str) -> Mapping[str, str]:
-    if name == "requests":
-        simulated = {str(column): str(dtype) for column, dtype in requests_frame([]).dtypes.items()}
-        return {**simulated, **MEASURED_REQUEST_DTYPES, **CLUSTER_REQUEST_DTYPES}
-    return _TABLE_DTYPES.get(name, {})
+_INT64_RANGE: Final = (-(2**63), 2**63 - 1)
 
 
 def write_run_folder(
@@ -145,13 +181,16 @@ def write_run_folder(
     *folder* must exist. Tables an earlier run left there (any of :data:`FOLDER_TABLES`,
     in either format) that this run does not write are removed, so the folder holds
     one run. *end_us*, when given, is the simulated time the run ended at (a served
-    session's stop time, with requests still running): plots draw up to it. *extra*
-    adds keys to the manifest after the standard ones (JSON values; ``simsim replay``
-    adds ``measured``); it may not replace a standard key. Returns the paths written,
-    the manifest last. Raises ``ValueError`` for an unknown table or format or an
-    *extra* key that clashes, ``TypeError`` for an *extra* value JSON cannot hold, and
-    ``OSError`` when a file cannot be written; the manifest is written only after
-    every table, so a folder with a manifest is complete.
+    session's stop time, with requests still running): plots draw up to it. The
+    manifest records each table's column dtypes (``dtypes``) and, for a column of
+    Python objects (a request's ``tag_<key>``), what its values are (``value_types``,
+    one of :data:`VALUE_TYPES`), so that :func:`read_run_folder` gives the frames back
+    as they were. *extra* adds keys to the manifest after the standard ones (JSON
+    values; ``simsim replay`` adds ``measured``); it may not replace a standard key.
+    Returns the paths written, the manifest last. Raises ``ValueError`` for an unknown
+    table or format or an *extra* key that clashes, ``TypeError`` for an *extra* value
+    JSON cannot hold, and ``OSError`` when a file cannot be written; the manifest is
+    written only after every table, so a folder with a manifest is complete.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -164,6 +203,9 @@ def write_run_folder(
             f"extra manifest keys {clashing} would replace standard ones {_MANIFEST_KEYS}"
         )
     extra_text = json.dumps(dict(extra or {}))  # a TypeError before anything is touched
+    names = [name for name in FOLDER_TABLES if name in tables]
+    dtypes = {name: {str(c): str(d) for c, d in tables[name].dtypes.items()} for name in names}
+    value_types = {name: _value_types(tables[name]) for name in names}
     folder = Path(folder)
     # An earlier run's manifest goes first: until the new one is written, the folder
     # has none, so a write that fails half-way never passes for a complete run.
@@ -175,28 +217,105 @@ def write_run_folder(
             if (name not in tables or other != format) and stale.is_file():
                 stale.unlink()
     written = []
-    for name in FOLDER_TABLES:
-        if name not in tables:
-            continue
+    for name in names:
         path = folder / f"{name}.{format}"
+        frame = _encoded(tables[name], value_types[name])
         if format == "csv":
-            tables[name].to_csv(path, index=False)
+            frame.to_csv(path, index=False, quoting=_csv_quoting(frame))
         else:
-            tables[name].to_parquet(path, index=False)
+            frame.to_parquet(path, index=False)
         written.append(path)
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": format,
-        "tables": [name for name in FOLDER_TABLES if name in tables],
+        "tables": names,
         "scenario": scenario,
         "seed": seed,
         "end_us": end_us,
         "simsim_version": __version__,
-        **json.loads(extra_text),
+        "dtypes": dtypes,
     }
+    if any(value_types.values()):
+        manifest["value_types"] = {name: kinds for name, kinds in value_types.items() if kinds}
+    manifest.update(json.loads(extra_text))
     path = folder / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     written.append(path)
     return written
+
+
+def _value_types(frame: pd.DataFrame) -> dict[str, str]:
+    """What each column of Python objects in *frame* holds (one of :data:`VALUE_TYPES`)."""
+    return {
+        str(column): _value_type(frame[column].tolist())
+        for column, dtype in frame.dtypes.items()
+        if dtype == np.dtype(object)
+    }
+
+
+def _value_type(values: list[Any]) -> str:
+    """The narrowest of :data:`VALUE_TYPES` that holds *values* exactly in either format.
+
+    ``None`` is a missing value. A file leaves a missing value empty, so an empty
+    string or a NaN is ``json`` (its JSON text is not empty); an ``int`` past 64 bits
+    too (parquet has no column for it).
+    """
+    present = [value for value in values if value is not None]
+    types = {type(value) for value in present}
+    if types <= {str} and "" not in present:
+        return "str"  # also a column of missing values only
+    if types == {bool}:
+        return "bool"
+    low, high = _INT64_RANGE
+    if types == {int} and all(low <= value <= high for value in present):
+        return "int"
+    if types == {float} and not any(math.isnan(value) for value in present):
+        return "float"
+    return "json"
+
+
+def _encoded(frame: pd.DataFrame, value_types: Mapping[str, str]) -> pd.DataFrame:
+    """*frame* as its file holds it: a ``json`` column's values as their JSON text."""
+    columns = [column for column, kind in value_types.items() if kind == "json"]
+    if not columns:
+        return frame
+    encoded = frame.copy()
+    for column in columns:
+        encoded[column] = pd.Series(
+            [None if value is None else _json_text(value) for value in frame[column]],
+            index=frame.index,
+            dtype=object,
+        )
+    return encoded
+
+
+def _csv_quoting(frame: pd.DataFrame) -> Literal[0, 2]:
+    """As few quotes as CSV needs, unless a name or a text cell holds a carriage return.
+
+    Python's csv quotes a field that holds a line feed but not one that holds a lone
+    carriage return, which a reader then takes for the end of a line: such a table has
+    every text field quoted.
+    """
+    if any("\r" in str(column) for column in frame.columns) or any(
+        _holds_carriage_return(frame[column])
+        for column, dtype in frame.dtypes.items()
+        if dtype == np.dtype(object) or isinstance(dtype, pd.StringDtype)
+    ):
+        return csv.QUOTE_NONNUMERIC
+    return csv.QUOTE_MINIMAL
+
+
+def _holds_carriage_return(column: pd.Series) -> bool:
+    text = column if isinstance(column.dtype, pd.StringDtype) else column.astype("string")
+    return bool(text.str.contains("\r", regex=False).any())
+
+
+def _json_text(value: Any) -> str:
+    # A value JSON has no form for (an object of the user's own) is kept as its str().
+    return json.dumps(value, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 @dataclass
@@ -226,7 +345,14 @@ class RunFolder:
                     f"results folder {self.folder} has no {path.name} "
                     f"(it holds {', '.join(self.tables) or 'no tables'})"
                 )
-            self._cache[name] = _read(path, self.format, _dtypes(name))
+            recorded = self.manifest.get("dtypes", {}).get(name)
+            self._cache[name] = _read(
+                path,
+                self.format,
+                _TABLE_DTYPES.get(name, {}) if recorded is None else recorded,
+                self.manifest.get("value_types", {}).get(name, {}),
+                exact=recorded is not None,
+            )
         return self._cache[name]
 
     @property
@@ -246,9 +372,12 @@ class RunFolder:
 def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
     """The results folder *folder*, as ``simsim run --out`` wrote it.
 
-    The format and the tables come from its manifest. A folder written before the
-    manifest existed is read if it holds ``requests.csv`` or ``requests.parquet`` but
-    not both (with both, which one belongs to the run cannot be told: ``ValueError``).
+    The format, the tables and their dtypes come from its manifest. A folder written
+    before the manifest recorded dtypes is read with the dtypes simsim's frames give
+    each column (an integer column with gaps then comes back ``Int64``, and a
+    ``tag_<key>`` column as pandas infers it). A folder written before the manifest
+    existed is read if it holds ``requests.csv`` or ``requests.parquet`` but not both
+    (with both, which one belongs to the run cannot be told: ``ValueError``).
     """
     path = Path(folder)
     if not path.is_dir():
@@ -262,6 +391,8 @@ def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
             fmt = manifest["format"]
             tables = tuple(str(name) for name in manifest["tables"])
+            _check_columns(manifest, "dtypes", "a dtype")
+            _check_columns(manifest, "value_types", f"one of {VALUE_TYPES}", VALUE_TYPES)
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{manifest_path} is not a simsim run manifest ({error})") from None
         if fmt not in FORMATS:
@@ -284,25 +415,120 @@ def read_run_folder(folder: str | os.PathLike[str]) -> RunFolder:
     return RunFolder(path, only, tables, {})
 
 
-def _read(path: Path, fmt: Format, dtypes: Mapping[str, str]) -> pd.DataFrame:
-    if fmt == "csv":
-        try:
-            frame = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path}: not a table simsim wrote ({error})") from None
-    else:
-        try:
-            frame = pd.read_parquet(path)
-        except ImportError as error:
-            raise ImportError(
-                f"reading {path} needs pyarrow: pip install 'simsim[parquet]'",
-                name=error.name,
-            ) from error
-    present = {column: dtype for column, dtype in dtypes.items() if column in frame.columns}
+def _check_columns(
+    manifest: Mapping[str, Any], key: str, what: str, allowed: tuple[str, ...] | None = None
+) -> None:
+    """Refuse a manifest whose *key* is not ``{table: {column: what}}``, naming the entry."""
+    tables = manifest.get(key, {})
+    if not isinstance(tables, dict):
+        raise ValueError(f"{key} must map each table to its columns, got {type(tables).__name__}")
+    for table, columns in tables.items():
+        if not isinstance(columns, dict):
+            raise ValueError(f"{key}.{table} must map each column to {what}, got {columns!r}")
+        for column, value in columns.items():
+            if not isinstance(value, str) or (allowed is not None and value not in allowed):
+                raise ValueError(f"{key}.{table}.{column} must be {what}, got {value!r}")
+
+
+def _read(
+    path: Path,
+    fmt: Format,
+    dtypes: Mapping[str, str],
+    value_types: Mapping[str, str],
+    *,
+    exact: bool,
+) -> pd.DataFrame:
+    """Table *path* with the column *dtypes* and the Python values *value_types* says.
+
+    *exact*: the dtypes are the manifest's record; otherwise they are simsim's guess
+    for an older folder, and an ``int64`` column with gaps is read as ``Int64``.
+    """
+    objects = {
+        **{column: "str" for column, dtype in dtypes.items() if dtype == "object"},
+        **value_types,
+    }
+    typed = {column: dtype for column, dtype in dtypes.items() if column not in objects}
     try:
-        return frame.astype(present)
+        if fmt == "csv":
+            frame = _read_csv(path, typed, objects, exact=exact)
+        else:
+            frame = pd.read_parquet(path)
+        # An older folder's guess yields to gaps: they were there in the frame too.
+        widened = {
+            column: _INT64 if dtype == "int64" and not exact and frame[column].hasnans else dtype
+            for column, dtype in typed.items()
+            if column in frame.columns
+        }
+        frame = frame.astype(widened)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {path} needs pyarrow: pip install 'simsim[parquet]'", name=error.name
+        ) from error
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a table simsim wrote ({error})") from None
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: a column has values of the wrong type: {error}") from error
+    present = {column: kind for column, kind in objects.items() if column in frame.columns}
+    if present:
+        stored = _stored_values(path, fmt, frame, list(present))
+        for column, kind in present.items():
+            values = [_value(path, column, kind, fmt, value) for value in stored[column]]
+            frame[column] = pd.Series(values, index=frame.index, dtype=object)
+    return frame
+
+
+def _read_csv(
+    path: Path, typed: Mapping[str, str], objects: Iterable[str], *, exact: bool
+) -> pd.DataFrame:
+    # Each column is parsed straight into its dtype: through float64, as pandas would
+    # infer it, an Int64 time past 2**53 would lose its last digits. Only an empty cell
+    # is missing: a class, tenant or tag named "NA" or "null" is a name.
+    parse: dict[str, Any] = {
+        column: _INT64 if dtype == "int64" and not exact else dtype
+        for column, dtype in typed.items()
+    }
+    parse.update(dict.fromkeys(objects, object))
+    return pd.read_csv(path, dtype=parse, keep_default_na=False, na_values=[""])
+
+
+def _stored_values(
+    path: Path, fmt: Format, frame: pd.DataFrame, columns: list[str]
+) -> Mapping[str, list[Any]]:
+    """The values of *columns* as the file holds them, ``None`` where a cell is empty:
+    text (CSV) or Python values (parquet)."""
+    if fmt == "csv":
+        return {
+            column: [value if isinstance(value, str) else None for value in frame[column]]
+            for column in columns
+        }
+    # pandas would turn an int column with gaps into floats: pyarrow's types keep the ints.
+    stored = pd.read_parquet(path, columns=columns, dtype_backend="pyarrow")
+    return {
+        column: [None if value is pd.NA else value for value in stored[column].tolist()]
+        for column in columns
+    }
+
+
+_PARSERS: Final[Mapping[str, Callable[[str], Any]]] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": lambda text: {"True": True, "False": False}[text],
+    "json": json.loads,
+}
+
+
+def _value(path: Path, column: str, kind: str, fmt: Format, stored: Any) -> Any:
+    """The Python value a cell of a column of *kind* values stored (``None`` if empty)."""
+    if stored is None or (fmt == "parquet" and kind != "json"):
+        return stored  # nothing there, or a value parquet kept with its type
+    try:
+        return _PARSERS[kind](stored)
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(
+            f"{path}: column {column} holds {stored!r}, which is not of the type {kind} "
+            f"that {MANIFEST}'s value_types gives it"
+        ) from None
 
 
 def holds_a_run(folder: str | os.PathLike[str]) -> bool:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from simsim import cli
@@ -529,6 +530,30 @@ def test_out_of_memory_while_running_says_so_and_how_many_requests(
     assert line == (
         f"simsim: error: {path}: out of memory while running the simulation of 12 requests (its "
         "records grow with every event); make that smaller, or give simsim more memory"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [(BACKEND + ONE_REQUEST, "1 request"), (CLUSTER, "1 request on 3 replicas")],
+    ids=["server", "cluster"],
+)
+def test_out_of_memory_while_writing_the_tables_says_how_many_requests_and_replicas(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    size: str,
+) -> None:
+    def to_csv(self: object, *args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", to_csv)
+    path = write(tmp_path, text)
+    line = exit_1_line(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert line == (
+        f"simsim: error: {path}: out of memory while building and writing the result tables "
+        f"of {size}; make that smaller, or give simsim more memory"
     )
 
 

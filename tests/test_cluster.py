@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 
+import pandas as pd
 import pytest
 import simpy
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +27,7 @@ from simsim.cluster import (
     WeightedRouter,
     make_router,
 )
+from simsim.engines.base import EngineBase
 
 COSTS = simsim.SimulatedBackendConfig(
     prefill_base_us=1_000,
@@ -590,3 +594,99 @@ def test_a_failed_replica_fails_the_cluster_and_is_named() -> None:
         cluster.submit(
             simsim.Request(2, arrival_time_us=10**6, prompt_token_count=8, max_output_tokens=2)
         )
+
+
+# ---------------------------------------------------------------- merged frames
+
+# Each merged frame: the cluster's method, its order, whether only batching replicas count.
+MERGED = (
+    ("events_frame", ["timestamp_us", "sequence"], False),
+    ("admissions_frame", ["timestamp_us"], False),
+    ("iterations_frame", ["start_us"], True),
+)
+
+REPLICA_KINDS: dict[str, Callable[[simsim.Environment], EngineBase]] = {
+    "single": single,
+    "batching": batching,
+    "cached": functools.partial(batching, prefix_cache=True),
+}
+
+
+def every_replicas_frame(
+    cluster: Cluster, method: str, order: list[str], batching_only: bool
+) -> pd.DataFrame:
+    """A merged frame as the cluster first built it: each replica's frame, concatenated."""
+    frames = []
+    for index, engine in enumerate(cluster.replicas):
+        if batching_only and not isinstance(engine, simsim.BatchingEngine):
+            continue
+        frame = getattr(engine, method)()
+        frame["replica"] = pd.array([index] * len(frame), dtype="int64")
+        frames.append(frame)
+    merged = pd.concat(frames, ignore_index=True)
+    return merged.sort_values(order, kind="stable", ignore_index=True)
+
+
+def assert_merged_as_before(cluster: Cluster) -> None:
+    for method, order, batching_only in MERGED:
+        if batching_only and not any(
+            isinstance(engine, simsim.BatchingEngine) for engine in cluster.replicas
+        ):
+            continue
+        pd.testing.assert_frame_equal(
+            getattr(cluster, method)(),
+            every_replicas_frame(cluster, method, order, batching_only),
+            check_exact=True,
+            obj=method,
+        )
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(sorted(REPLICA_KINDS)), min_size=1, max_size=8),
+    count=st.integers(min_value=0, max_value=4),
+)
+def test_merged_frames_are_every_replicas_frames_concatenated(kinds: list[str], count: int) -> None:
+    # Replicas of mixed kinds, idle or not: a kind whose frames have a column the others
+    # lack (kv_blocks_cached) widens it in the merged frame even when its replicas are idle.
+    env = simsim.Environment()
+    cluster = Cluster([REPLICA_KINDS[kind](env) for kind in kinds], "round_robin")
+    for request in poisson(count):
+        cluster.submit(request)
+    cluster.run()
+    assert_merged_as_before(cluster)
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_merging_asks_for_the_frames_of_replicas_with_rows_only(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    # 300 replicas, at most 3 of them busy: one frame per busy replica, and one idle
+    # replica of each kind (the first) for the columns, not a frame per replica.
+    env = simsim.Environment()
+    replicas = [batching(env) for _ in range(200)] + [
+        batching(env, prefix_cache=True) for _ in range(100)
+    ]
+    cluster = Cluster(replicas, "round_robin")
+    for request in poisson(count):
+        cluster.submit(request)
+    cluster.run()
+    asked: list[tuple[str, int]] = []
+    for method, _, _ in MERGED:
+        original = getattr(simsim.BatchingEngine, method)
+
+        def spy(
+            engine: simsim.BatchingEngine,
+            method: str = method,
+            original: Callable[[simsim.BatchingEngine], pd.DataFrame] = original,
+        ) -> pd.DataFrame:
+            asked.append((method, replicas.index(engine)))
+            return original(engine)
+
+        monkeypatch.setattr(simsim.BatchingEngine, method, spy)
+    for method, _, _ in MERGED:
+        getattr(cluster, method)()
+    busy = [0, 1, 2] if count else [0]
+    assert asked == [(method, index) for method, _, _ in MERGED for index in [*busy, 200]]
+    monkeypatch.undo()
+    assert_merged_as_before(cluster)

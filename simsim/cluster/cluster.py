@@ -62,6 +62,13 @@ __all__ = ["Cluster"]
 
 _UNROUTED = -1
 
+# Each merged frame's method on a replica, and the log it has one row per entry of.
+_LOGS = {
+    "events_frame": "event_log",
+    "admissions_frame": "admission_log",
+    "iterations_frame": "iteration_log",
+}
+
 
 def _born_processed(env: Environment, request: Request) -> Event:
     event = Event(env)
@@ -672,8 +679,19 @@ class Cluster:
         self._check_alive()
         import pandas as pd
 
+        # A frame per replica cost seconds with thousands of idle ones. An idle replica
+        # adds no row, only its columns, which are those of every replica of its kind:
+        # the first replica of each kind stands for the idle ones, in replica order, so
+        # the columns come out in the same order with the same dtypes (pandas widens a
+        # column that some frame lacks, even an empty one) and the rows are the same.
+        log = _LOGS[method]
+        kinds: set[tuple[type, bool]] = set()
         frames = []
         for index, engine in self._indexed(batching_only):
+            kind = (type(engine), isinstance(engine, BatchingEngine) and engine.prefix_cache)
+            if kind in kinds and not len(getattr(engine, log)):
+                continue
+            kinds.add(kind)
             frame = getattr(engine, method)()
             frame["replica"] = pd.array([index] * len(frame), dtype="int64")
             frames.append(frame)
