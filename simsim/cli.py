@@ -597,23 +597,31 @@ def _cluster_lines(
     assert scenario.cluster is not None
     lines = [f"cluster       {scenario.cluster.describe()}"]
     finished = requests["state"] == "FINISHED"
+
+    def per_replica(column: str, where: pd.Series | None = None) -> dict[int, int]:
+        # One count over the table, not a comparison per replica: fleets are large.
+        chosen = requests[column] if where is None else requests[column][where]
+        counts = chosen.dropna().astype("int64").value_counts()
+        return dict(zip(counts.index.tolist(), counts.tolist(), strict=True))
+
     rows: list[tuple[str, int, str, int]] = []
     if isinstance(cluster, DisaggregatedCluster):
-        prefill, decode = requests["prefill_replica"], requests["decode_replica"]
         count = len(cluster.prefill_replicas)
+        prefilled = per_replica("prefill_replica")
+        handed = per_replica("prefill_replica", requests["decode_replica"].notna())
+        decoded = per_replica("decode_replica")
+        done = per_replica("decode_replica", finished)
         for index in range(len(cluster.replicas)):
             if index < count:
-                here = prefill == index
-                handed = int((here & decode.notna()).sum())
-                rows.append(("prefill ", int(here.sum()), "handed to decode", handed))
+                routed = prefilled.get(index, 0)
+                rows.append(("prefill ", routed, "handed to decode", handed.get(index, 0)))
             else:
-                here = decode == index
-                rows.append(("decode ", int(here.sum()), "finished", int((here & finished).sum())))
+                routed = decoded.get(index, 0)
+                rows.append(("decode ", routed, "finished", done.get(index, 0)))
     else:
-        replica = requests["replica"]
+        routed_to, done = per_replica("replica"), per_replica("replica", finished)
         for index in range(len(cluster.replicas)):
-            here = replica == index
-            rows.append(("", int(here.sum()), "finished", int((here & finished).sum())))
+            rows.append(("", routed_to.get(index, 0), "finished", done.get(index, 0)))
     if len(rows) <= _REPLICA_LINES:
         lines.extend(
             f"{f'replica {i}':<14}{role}{routed} routed, {done} {what}"
@@ -945,7 +953,8 @@ def _serve(args: argparse.Namespace) -> int:
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:
-        _write_tables("--record", out, engine, fmt, scenario)
+        with out_of_memory_while(scenario.source, lambda: _building_tables(engine)):
+            _write_tables("--record", out, engine, fmt, scenario)
         print(f"results in {out}/ ({fmt}); plot them with: simsim plot {out}")
     return 0
 
