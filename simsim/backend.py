@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Protocol, runtime_checkable
 
+from simsim.checks import check_real, overflow
 from simsim.clock import MAX_TIME_US, check_count
 
 __all__ = [
@@ -86,7 +87,7 @@ class SimulatedBackendConfig:
 
 def _checked(total: int, what: str) -> int:
     if total > MAX_TIME_US:
-        raise OverflowError(f"{what} = {total} us is past the 64-bit limit 2**63 - 1")
+        raise overflow(what, total, " us")
     return total
 
 
@@ -126,7 +127,7 @@ class SimulatedBackend:
             + c.prefill_per_active_sequence_us * batch
         )
         if total > MAX_TIME_US:
-            raise OverflowError(f"prefill_us({tokens}, {batch}) = {total} us is past 2**63 - 1")
+            raise overflow(f"prefill_us({tokens}, {batch})", total, " us")
         return total
 
     def decode_step_us(self, active_sequence_count: int) -> int:
@@ -137,7 +138,7 @@ class SimulatedBackend:
         c = self._config
         total = c.decode_base_us + c.decode_per_active_sequence_us * count
         if total > MAX_TIME_US:
-            raise OverflowError(f"decode_step_us({count}) = {total} us is past 2**63 - 1")
+            raise overflow(f"decode_step_us({count})", total, " us")
         return total
 
     def iteration_us(self, prefill_tokens: int, prefilling_count: int, decoding_count: int) -> int:
@@ -223,7 +224,7 @@ def round_us(value: float, what: str = "a duration") -> int:
     NaN total), naming *what*.
     """
     if not value <= MAX_TIME_US:  # also catches NaN
-        raise OverflowError(f"{what} = {value} us is past the 64-bit limit 2**63 - 1")
+        raise overflow(what, value, " us")
     return math.floor(value + 0.5)
 
 
@@ -257,15 +258,8 @@ class FittedBackendConfig:
 
     def __post_init__(self) -> None:
         for spec in fields(self):
-            value = getattr(self, spec.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(
-                    f"{spec.name} must be a number of microseconds, "
-                    f"got {type(value).__name__} {value!r}"
-                )
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{spec.name} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, spec.name, float(value))
+            value = check_real(getattr(self, spec.name), spec.name, unit=" microseconds")
+            object.__setattr__(self, spec.name, value)
 
     def as_dict(self) -> dict[str, float]:
         """The coefficients by name, as a scenario's ``[backend]`` table holds them."""

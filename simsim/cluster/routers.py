@@ -15,11 +15,11 @@ Write your own by giving any object a ``route(request, replicas) -> int`` method
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from simsim.checks import check_real
 from simsim.clock import check_count
 
 if TYPE_CHECKING:
@@ -252,13 +252,7 @@ class WeightedRouter(_TakingTurns):
         for name, weight in weights.items():
             if name not in SCORERS:
                 raise ValueError(f"unknown scorer {name!r}; choose among {sorted(SCORERS)}")
-            if isinstance(weight, bool) or not isinstance(weight, int | float):
-                raise TypeError(f"the weight of scorer {name!r} must be a number, got {weight!r}")
-            if not math.isfinite(weight) or weight < 0:
-                raise ValueError(
-                    f"the weight of scorer {name!r} must be finite and >= 0, got {weight}"
-                )
-            checked[name] = float(weight)
+            checked[name] = check_real(weight, f"the weight of scorer {name!r}")
         if not any(checked.values()):
             raise ValueError(f"weights {dict(weights)!r}: at least one weight must be above 0")
         self.weights: Mapping[str, float] = checked

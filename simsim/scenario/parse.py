@@ -6,7 +6,6 @@ their own modules. Nothing is built or run until the whole document is valid.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from simsim.backend import (
     SimulatedBackend,
     SimulatedBackendConfig,
 )
+from simsim.checks import did_you_mean
 from simsim.clock import Environment
 from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
@@ -366,8 +366,7 @@ def _check_limit_names(
         if name == "*" or name in names:
             continue
         known = sorted(str(n) for n in names)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, known)
         raise check.fail(
             f"admission.limits.{name}",
             f"no request of this scenario has {field} {name!r}{hint}, so this limit would "
