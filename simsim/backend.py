@@ -11,16 +11,19 @@ fitted model describes the server it was fitted to, on the workload it was fitte
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from simsim.checks import check_real, overflow
 from simsim.clock import MAX_TIME_US, check_count
+from simsim.registry import Registry
 
 __all__ = [
+    "BACKENDS",
     "Backend",
     "FittedBackend",
     "FittedBackendConfig",
@@ -29,6 +32,7 @@ __all__ = [
     "StepCostBackend",
     "check_duration_us",
     "iteration_cost_us",
+    "register_backend",
     "round_us",
 ]
 
@@ -341,3 +345,42 @@ class FittedBackend:
         count = check_count(active_sequence_count, "active_sequence_count")
         c = self._config
         return round_us(c.decode_base_us + c.decode_per_sequence_us * count, "decode_step_us")
+
+
+# ---------------------------------------------------------------------- backends by name
+
+
+def _configured(
+    config_type: type[SimulatedBackendConfig] | type[FittedBackendConfig],
+    backend_type: Callable[[Any], Backend],
+) -> Callable[..., Backend]:
+    """A factory of *backend_type* taking *config_type*'s fields as keyword options."""
+
+    def build(**options: Any) -> Backend:
+        return backend_type(config_type(**options))
+
+    build.__signature__ = inspect.signature(config_type)  # type: ignore[attr-defined]
+    build.__name__ = build.__qualname__ = backend_type.__name__
+    return build
+
+
+BACKENDS: Registry[Callable[..., Backend]] = Registry("backend kind")
+"""``[backend] kind`` names -> factory taking the table's other keys as keyword options
+and returning a :class:`Backend`; :func:`register_backend` adds a user's own."""
+
+BACKENDS.register("simulated", _configured(SimulatedBackendConfig, SimulatedBackend))
+BACKENDS.register("fitted", _configured(FittedBackendConfig, FittedBackend))
+
+
+def register_backend(
+    name: str, factory: Callable[..., Backend], *, replace: bool = False
+) -> Callable[..., Backend]:
+    """Make *factory* the backend kind *name*, for a scenario's ``[backend] kind``;
+    returns *factory*.
+
+    *factory* (a class or a function) is called with the ``[backend]`` table's other
+    keys as keyword arguments, which its signature declares, and returns a
+    :class:`Backend`. A name already taken raises ``ValueError`` unless *replace* is
+    true.
+    """
+    return BACKENDS.register(name, factory, replace=replace)
