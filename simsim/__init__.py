@@ -16,9 +16,10 @@ from simsim.backend import (
     SimulatedBackend,
     SimulatedBackendConfig,
     StepCostBackend,
+    register_backend,
 )
 from simsim.clock import Environment, ms_to_us, seconds_to_us
-from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig
+from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, register_router
 from simsim.engines import (
     BatchingEngine,
     FastSimulationEngine,
@@ -43,6 +44,7 @@ from simsim.scheduler import (
     Scheduler,
     SchedulerStats,
 )
+from simsim.schedulers import register_scheduler
 from simsim.sweeps import CapacityResult, SweepResult, capacity_search, sweep
 
 __all__ = [
@@ -85,6 +87,9 @@ __all__ = [
     "capacity_search",
     "cluster",
     "ms_to_us",
+    "register_backend",
+    "register_router",
+    "register_scheduler",
     "run_folder",
     "seconds_to_us",
     "summarize",

@@ -11,15 +11,19 @@ fitted model describes the server it was fitted to, on the workload it was fitte
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from simsim.checks import check_real, overflow
 from simsim.clock import MAX_TIME_US, check_count
+from simsim.registry import Registry
 
 __all__ = [
+    "BACKENDS",
     "Backend",
     "FittedBackend",
     "FittedBackendConfig",
@@ -28,6 +32,7 @@ __all__ = [
     "StepCostBackend",
     "check_duration_us",
     "iteration_cost_us",
+    "register_backend",
     "round_us",
 ]
 
@@ -86,7 +91,7 @@ class SimulatedBackendConfig:
 
 def _checked(total: int, what: str) -> int:
     if total > MAX_TIME_US:
-        raise OverflowError(f"{what} = {total} us is past the 64-bit limit 2**63 - 1")
+        raise overflow(what, total, " us")
     return total
 
 
@@ -126,7 +131,7 @@ class SimulatedBackend:
             + c.prefill_per_active_sequence_us * batch
         )
         if total > MAX_TIME_US:
-            raise OverflowError(f"prefill_us({tokens}, {batch}) = {total} us is past 2**63 - 1")
+            raise overflow(f"prefill_us({tokens}, {batch})", total, " us")
         return total
 
     def decode_step_us(self, active_sequence_count: int) -> int:
@@ -137,7 +142,7 @@ class SimulatedBackend:
         c = self._config
         total = c.decode_base_us + c.decode_per_active_sequence_us * count
         if total > MAX_TIME_US:
-            raise OverflowError(f"decode_step_us({count}) = {total} us is past 2**63 - 1")
+            raise overflow(f"decode_step_us({count})", total, " us")
         return total
 
     def iteration_us(self, prefill_tokens: int, prefilling_count: int, decoding_count: int) -> int:
@@ -223,7 +228,7 @@ def round_us(value: float, what: str = "a duration") -> int:
     NaN total), naming *what*.
     """
     if not value <= MAX_TIME_US:  # also catches NaN
-        raise OverflowError(f"{what} = {value} us is past the 64-bit limit 2**63 - 1")
+        raise overflow(what, value, " us")
     return math.floor(value + 0.5)
 
 
@@ -257,15 +262,8 @@ class FittedBackendConfig:
 
     def __post_init__(self) -> None:
         for spec in fields(self):
-            value = getattr(self, spec.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(
-                    f"{spec.name} must be a number of microseconds, "
-                    f"got {type(value).__name__} {value!r}"
-                )
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{spec.name} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, spec.name, float(value))
+            value = check_real(getattr(self, spec.name), spec.name, unit=" microseconds")
+            object.__setattr__(self, spec.name, value)
 
     def as_dict(self) -> dict[str, float]:
         """The coefficients by name, as a scenario's ``[backend]`` table holds them."""
@@ -347,3 +345,42 @@ class FittedBackend:
         count = check_count(active_sequence_count, "active_sequence_count")
         c = self._config
         return round_us(c.decode_base_us + c.decode_per_sequence_us * count, "decode_step_us")
+
+
+# ---------------------------------------------------------------------- backends by name
+
+
+def _configured(
+    config_type: type[SimulatedBackendConfig] | type[FittedBackendConfig],
+    backend_type: Callable[[Any], Backend],
+) -> Callable[..., Backend]:
+    """A factory of *backend_type* taking *config_type*'s fields as keyword options."""
+
+    def build(**options: Any) -> Backend:
+        return backend_type(config_type(**options))
+
+    build.__signature__ = inspect.signature(config_type)  # type: ignore[attr-defined]
+    build.__name__ = build.__qualname__ = backend_type.__name__
+    return build
+
+
+BACKENDS: Registry[Callable[..., Backend]] = Registry("backend kind")
+"""``[backend] kind`` names -> factory taking the table's other keys as keyword options
+and returning a :class:`Backend`; :func:`register_backend` adds a user's own."""
+
+BACKENDS.register("simulated", _configured(SimulatedBackendConfig, SimulatedBackend))
+BACKENDS.register("fitted", _configured(FittedBackendConfig, FittedBackend))
+
+
+def register_backend(
+    name: str, factory: Callable[..., Backend], *, replace: bool = False
+) -> Callable[..., Backend]:
+    """Make *factory* the backend kind *name*, for a scenario's ``[backend] kind``;
+    returns *factory*.
+
+    *factory* (a class or a function) is called with the ``[backend]`` table's other
+    keys as keyword arguments, which its signature declares, and returns a
+    :class:`Backend`. A name already taken raises ``ValueError`` unless *replace* is
+    true.
+    """
+    return BACKENDS.register(name, factory, replace=replace)

@@ -26,6 +26,8 @@ import simpy
 from simpy.core import BoundClass, EmptySchedule, StopSimulation
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
+from simsim.checks import INT64_MAX, check_int, overflow
+
 __all__ = [
     "BOUNDARY",
     "MAX_TIME_US",
@@ -39,7 +41,7 @@ __all__ = [
     "time_overflow",
 ]
 
-MAX_TIME_US = 2**63 - 1
+MAX_TIME_US = INT64_MAX
 """The largest timestamp or duration simsim represents (signed 64-bit)."""
 
 # Events processed per call of Environment._drain_some (see there).
@@ -79,7 +81,7 @@ def check_time_us(value: object, name: str) -> int:
     if result < 0:
         raise ValueError(f"{name} must be >= 0 microseconds, got {result}")
     if result > MAX_TIME_US:
-        raise OverflowError(f"{name} = {result} is past the 64-bit limit 2**63 - 1")
+        raise overflow(name, result)
     return result
 
 
@@ -93,28 +95,9 @@ def time_overflow(at_us: int, what: str) -> OverflowError:
     return OverflowError(f"{what}: an event at {at_us} us would be past the 64-bit limit 2**63 - 1")
 
 
-def check_count(value: object, name: str, *, minimum: int = 0) -> int:
-    """Return *value* as a plain ``int`` that is at least *minimum*, or raise.
-
-    Used for token counts, ids and sizes: ``bool`` and non-integers raise ``TypeError``,
-    values below *minimum* raise ``ValueError``, values past ``2**63 - 1`` raise
-    ``OverflowError``.
-    """
-    if type(value) is not int:
-        if isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got bool {value!r}")
-        try:
-            value = int(operator.index(value))  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(
-                f"{name} must be an int, got {type(value).__name__} {value!r}"
-            ) from None
-    assert isinstance(value, int)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value > MAX_TIME_US:
-        raise OverflowError(f"{name} = {value} is past the 64-bit limit 2**63 - 1")
-    return value
+check_count = check_int
+"""Return *value* as a plain ``int`` that is at least *minimum*, or raise: the count check
+of :mod:`simsim.checks` (token counts, ids and sizes), by its older name."""
 
 
 def _scaled_to_us(value: object, scale: int, unit: str) -> int:

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 
 from simsim.admission import REJECTION_REASONS
+from simsim.checks import check_weight
 from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import Request, RequestState
-from simsim.schedulers.fair import check_weight
 
 __all__ = [
     "CLASS_KEYS",

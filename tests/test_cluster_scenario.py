@@ -201,7 +201,7 @@ ERRORS = [
     (
         {"replicas": 2, "router": "weighted", "weights": {"queue": -1}},
         "cluster.weights",
-        "must be finite and >= 0",
+        "must be a finite number >= 0",
     ),
     (
         {"replicas": 2, "router": "weighted", "weights": {"queue": 0}},

@@ -103,9 +103,17 @@ def test_the_backend_protocol_methods_price_one_sequence_with_no_context() -> No
 @pytest.mark.parametrize(
     ("coefficients", "error", "message"),
     [
-        ({"decode_base_us": -1.0}, ValueError, "decode_base_us must be finite and >= 0, got -1.0"),
-        ({"prefill_per_token_us": math.nan}, ValueError, "prefill_per_token_us must be finite"),
-        ({"prefill_base_us": math.inf}, ValueError, "prefill_base_us must be finite"),
+        (
+            {"decode_base_us": -1.0},
+            ValueError,
+            "decode_base_us must be a finite number >= 0 microseconds, got -1.0",
+        ),
+        (
+            {"prefill_per_token_us": math.nan},
+            ValueError,
+            "prefill_per_token_us must be a finite number",
+        ),
+        ({"prefill_base_us": math.inf}, ValueError, "prefill_base_us must be a finite number"),
         ({"decode_base_us": True}, TypeError, "decode_base_us must be a number of microseconds"),
         ({"decode_base_us": "3"}, TypeError, "got str '3'"),
     ],

@@ -217,7 +217,8 @@ def test_repr_shows_the_options() -> None:
 )
 def test_bad_numeric_options_are_refused(factory: Any, option: str, value: object) -> None:
     error = TypeError if isinstance(value, bool | str | type(None)) else ValueError
-    with pytest.raises(error, match=f"{factory.__name__}: {option} must be a finite number >= 0"):
+    rule = "a number" if error is TypeError else "a finite number >= 0"
+    with pytest.raises(error, match=f"{factory.__name__}: {option} must be {rule}"):
         factory(**{option: value})
 
 

@@ -16,6 +16,7 @@ from simsim.cluster.routers import (
     Router,
     WeightedRouter,
     make_router,
+    register_router,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "Router",
     "WeightedRouter",
     "make_router",
+    "register_router",
 ]

@@ -15,12 +15,13 @@ Write your own by giving any object a ``route(request, replicas) -> int`` method
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from simsim.checks import check_real
 from simsim.clock import check_count
+from simsim.registry import Registry
 
 if TYPE_CHECKING:
     from simsim.request import Request
@@ -38,6 +39,7 @@ __all__ = [
     "Router",
     "WeightedRouter",
     "make_router",
+    "register_router",
 ]
 
 
@@ -252,13 +254,7 @@ class WeightedRouter(_TakingTurns):
         for name, weight in weights.items():
             if name not in SCORERS:
                 raise ValueError(f"unknown scorer {name!r}; choose among {sorted(SCORERS)}")
-            if isinstance(weight, bool) or not isinstance(weight, int | float):
-                raise TypeError(f"the weight of scorer {name!r} must be a number, got {weight!r}")
-            if not math.isfinite(weight) or weight < 0:
-                raise ValueError(
-                    f"the weight of scorer {name!r} must be finite and >= 0, got {weight}"
-                )
-            checked[name] = float(weight)
+            checked[name] = check_real(weight, f"the weight of scorer {name!r}")
         if not any(checked.values()):
             raise ValueError(f"weights {dict(weights)!r}: at least one weight must be above 0")
         self.weights: Mapping[str, float] = checked
@@ -278,16 +274,34 @@ class WeightedRouter(_TakingTurns):
         return f"WeightedRouter(weights={dict(self.weights)!r})"
 
 
-ROUTERS: Mapping[str, Callable[..., Router]] = {
-    "round_robin": RoundRobinRouter,
-    "random": RandomRouter,
-    "least_outstanding": LeastOutstandingRouter,
-    "least_kv_cache": LeastKvCacheRouter,
-    "power_of_two": PowerOfTwoRouter,
-    "prefix_affinity": PrefixAffinityRouter,
-    "weighted": WeightedRouter,
-}
-"""The built-in routers by the names scenario files use."""
+ROUTERS: Registry[Callable[..., Router]] = Registry("router")
+"""The routers by the names scenario files use; :func:`register_router` adds a user's own.
+A router whose factory takes a ``seed`` is seeded from the scenario's seed."""
+
+for _name, _factory in (
+    ("round_robin", RoundRobinRouter),
+    ("random", RandomRouter),
+    ("least_outstanding", LeastOutstandingRouter),
+    ("least_kv_cache", LeastKvCacheRouter),
+    ("power_of_two", PowerOfTwoRouter),
+    ("prefix_affinity", PrefixAffinityRouter),
+    ("weighted", WeightedRouter),
+):
+    ROUTERS.register(_name, _factory)
+
+
+def register_router(
+    name: str, factory: Callable[..., Router], *, replace: bool = False
+) -> Callable[..., Router]:
+    """Make *factory* the router *name*, for scenario files' ``router`` keys and
+    :func:`make_router`; returns *factory*.
+
+    *factory* is called with no arguments, or with ``seed=`` when its signature takes a
+    ``seed`` (the scenario's seed, or the pool's ``seed`` key); what it returns must have
+    a ``route(request, replicas) -> int`` method (:class:`Router`). A name already taken
+    raises ``ValueError`` unless *replace* is true.
+    """
+    return ROUTERS.register(name, factory, replace=replace)
 
 
 def make_router(router: Router | str, **options: Any) -> Router:
@@ -295,9 +309,7 @@ def make_router(router: Router | str, **options: Any) -> Router:
     with *options* (``seed`` for ``random`` and ``power_of_two``, ``weights`` for
     ``weighted``)."""
     if isinstance(router, str):
-        factory = ROUTERS.get(router)
-        if factory is None:
-            raise ValueError(f"unknown router {router!r}; choose one of {list(ROUTERS)}")
+        factory = ROUTERS.lookup(router)
         try:
             return factory(**options)
         except TypeError as error:

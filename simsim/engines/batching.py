@@ -37,6 +37,7 @@ from simsim.backend import (
     iteration_cost_us,
     round_us,
 )
+from simsim.checks import did_you_mean
 from simsim.clock import MAX_TIME_US, Environment, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
@@ -225,7 +226,8 @@ class BatchingEngine(EngineBase):
                     f"{slots}, so that one decode token per request always fits"
                 )
         if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+            hint = did_you_mean(policy, POLICIES)
+            raise ValueError(f"unknown policy {policy!r}{hint}; choose one of {POLICIES}")
         if policy == "mixed" and max_batch_tokens is None:
             raise ValueError("policy 'mixed' needs max_batch_tokens (the per-iteration budget)")
         if kv_cache is not None and not isinstance(kv_cache, KvCacheConfig):

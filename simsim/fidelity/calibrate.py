@@ -31,6 +31,7 @@ import pandas as pd
 
 from simsim.backend import FittedBackendConfig
 from simsim.fidelity.fit import LinearFit, fit_nonnegative
+from simsim.scenario.engine_kinds import ENGINE_KINDS
 from simsim.wording import counted
 
 if TYPE_CHECKING:
@@ -55,8 +56,10 @@ __all__ = [
 ]
 
 Engine = Literal["single_slot", "batching"]
-ENGINES: Final = ("single_slot", "batching")
-"""The servers a calibration can be for: one request at a time, or continuous batching."""
+ENGINES: Final = tuple(name for name, kind in ENGINE_KINDS.items() if kind.prices_context)
+"""The servers a calibration can be for: the built-in engine kinds that price each step
+from its context (a fitted backend needs it), ``single_slot`` (one request at a time)
+and ``batching`` (continuous batching)."""
 
 PROBE_COLUMNS: Final = (
     "probe",

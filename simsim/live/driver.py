@@ -42,11 +42,12 @@ from typing import Any, Literal, NamedTuple, Protocol
 import simpy
 
 from simsim.admission import ANY_OTHER, RATE_LIMITED
-from simsim.engines import BatchingEngine, FastSimulationEngine
+from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.errors import EngineFailedError
 from simsim.records import EventType
 from simsim.request import Request, RequestState
+from simsim.scenario.engine_kinds import cannot, kind_of
 
 __all__ = [
     "SLICE_S",
@@ -163,11 +164,9 @@ class LiveDriver:
         speed: float = 1.0,
         observer: DriverObserver | None = None,
     ) -> None:
-        if isinstance(engine, FastSimulationEngine):
-            raise TypeError(
-                "FastSimulationEngine has no per-token events to stream; serve a "
-                "SimulationEngine instead (it gives the same request table)"
-            )
+        kind = kind_of(engine)
+        if kind is not None and not kind.streams_tokens:
+            raise TypeError(cannot(kind.name, "streams_tokens"))
         if not isinstance(engine, EngineBase):
             raise TypeError(f"engine must be a simsim engine, got {type(engine).__name__}")
         if engine.requests or engine.env.now != 0:

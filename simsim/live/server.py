@@ -22,6 +22,7 @@ from simsim.live.app import create_app
 from simsim.live.driver import LiveAction, LiveDriver
 from simsim.live.metrics import ServerMetrics
 from simsim.live.wire import ServeOptions
+from simsim.scenario.engine_kinds import ENGINE_KINDS
 from simsim.scenario.model import Scenario
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "LiveServer", "default_max_model_len", "serving_engine"]
@@ -31,13 +32,15 @@ DEFAULT_MAX_MODEL_LEN = 8192
 
 
 def serving_engine(scenario: Scenario) -> EngineBase:
-    """The engine that serves *scenario*: its own, but ``single_slot`` for ``single_slot_fast``.
+    """The engine that serves *scenario*: its own, or for a kind that cannot stream
+    tokens (``single_slot_fast``) the kind it serves as (``single_slot``).
 
     The fast engine skips decode steps, so it has no token events to stream; the full
     single slot gives the same request table.
     """
-    if scenario.engine == "single_slot_fast":
-        scenario = replace(scenario, engine="single_slot")
+    kind = ENGINE_KINDS.lookup(scenario.engine)
+    if not kind.streams_tokens and kind.serves_as is not None:
+        scenario = replace(scenario, engine=kind.serves_as)
     return scenario.build_engine()
 
 

@@ -12,8 +12,10 @@ The package, one idea per module:
   was being made);
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
   :class:`Cancellation`, :class:`BatchingSpec`, :class:`ClusterSpec` and its
-  :class:`PoolSpec`), :data:`Server` (an engine or a cluster), and :data:`ENGINE_BUILDERS`, the one
-  registry of the engines a scenario can choose;
+  :class:`PoolSpec`, :class:`BackendSpec`) and :data:`Server` (an engine or a cluster);
+* ``engine_kinds``: :data:`ENGINE_KINDS` (also :data:`ENGINE_BUILDERS`), the one
+  registry of the engines a scenario can choose, each an :class:`EngineKind` record of
+  what it can do;
 * ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
   (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
 * ``run``: building the engine, checking what it refuses at submission, running it;
@@ -31,9 +33,11 @@ from simsim.scenario.checker import (
     read_toml,
 )
 from simsim.scenario.defaults import default_scenario, default_serve_scenario
+from simsim.scenario.engine_kinds import ENGINE_KINDS, EngineKind
 from simsim.scenario.model import (
     ENGINE_BUILDERS,
     ENGINES,
+    BackendSpec,
     BatchingSpec,
     Cancellation,
     ClusterSpec,
@@ -50,9 +54,12 @@ from simsim.scenario.trace_table import read_trace_csv
 __all__ = [
     "ENGINES",
     "ENGINE_BUILDERS",
+    "ENGINE_KINDS",
+    "BackendSpec",
     "BatchingSpec",
     "Cancellation",
     "ClusterSpec",
+    "EngineKind",
     "PoolSpec",
     "RequestSpec",
     "Scenario",

@@ -9,13 +9,13 @@ scenario: the sweep files use it too.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import math
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from simsim.checks import did_you_mean
 from simsim.clock import MAX_TIME_US
 from simsim.traces import TraceError
 
@@ -186,11 +186,9 @@ class TomlChecker:
     def keys(self, table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
         for key in table:
             if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise self.fail(
                     _join(where, key),
-                    f"unknown key{hint}; allowed keys: {', '.join(allowed)}",
+                    f"unknown key{did_you_mean(key, allowed)}; allowed keys: {', '.join(allowed)}",
                 )
 
     def table(self, data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
@@ -351,10 +349,9 @@ class TomlChecker:
     ) -> str:
         value = self.string(table, key, where, default=default or _REQUIRED)
         if value not in choices:
-            close = difflib.get_close_matches(value, choices, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise self.fail(
-                _join(where, key), f"unknown value {value!r}{hint}; choose one of {choices}"
+                _join(where, key),
+                f"unknown value {value!r}{did_you_mean(value, choices)}; choose one of {choices}",
             )
         return value
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simsim.admission import AdmissionControl
 from simsim.backend import (
+    BACKENDS,
     Backend,
     FittedBackend,
     FittedBackendConfig,
@@ -16,11 +17,20 @@ from simsim.backend import (
     SimulatedBackendConfig,
 )
 from simsim.clock import Environment, check_count
-from simsim.cluster import Cluster, DisaggregatedCluster, KvTransferConfig, Router, make_router
-from simsim.engines import BatchingEngine, FastSimulationEngine, KvCacheConfig, SimulationEngine
+from simsim.cluster import (
+    ROUTERS,
+    Cluster,
+    DisaggregatedCluster,
+    KvTransferConfig,
+    Router,
+    make_router,
+)
+from simsim.engines import BatchingEngine, KvCacheConfig
 from simsim.engines.base import EngineBase
+from simsim.registry import Registry
 from simsim.request import Request
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
+from simsim.scenario.engine_kinds import ENGINE_KINDS, EngineBuilder, EngineKind
 from simsim.scheduler import Scheduler
 from simsim.schedulers import SCHEDULERS as SCHEDULER_FACTORIES
 from simsim.wording import counted
@@ -38,6 +48,8 @@ __all__ = [
     "MAX_REPLICAS",
     "SCHEDULERS",
     "SCHEDULER_OPTIONS",
+    "SEEDED_ROUTERS",
+    "BackendSpec",
     "BatchingSpec",
     "Cancellation",
     "ClusterSpec",
@@ -48,21 +60,44 @@ __all__ = [
     "Server",
     "Workload",
     "check_replicas",
+    "scenario_options",
 ]
 
-SCHEDULER_OPTIONS: Mapping[str, tuple[str, ...]] = {
-    "fcfs": (),
-    "priority": (),
-    "shortest_prompt": ("aging_per_s",),
-    "shortest_job": ("aging_per_s", "prompt_weight"),
-    "edf": (),
-    "fair": ("prompt_weight", "output_weight"),
-}
-"""``[scheduler] policy`` names and the options each takes (numbers, in the same table);
-each name is a factory of :data:`simsim.schedulers.SCHEDULERS`."""
 
-SCHEDULERS = tuple(SCHEDULER_OPTIONS)
-"""The scheduler names a scenario may choose, in the order the docs list them."""
+def scenario_options(registry: Registry[Any], name: str) -> tuple[str, ...]:
+    """The options of plug-in *name* a scenario file may set: its factory's keyword
+    options, but those whose default is ``None`` (Python-only, such as the
+    ``shortest_job`` policy's ``predict``)."""
+    defaults = registry.defaults(name)
+    return tuple(
+        option
+        for option in registry.options(name) or ()
+        if option not in defaults or defaults[option] is not None
+    )
+
+
+class _SchedulerOptions(Mapping[str, tuple[str, ...]]):
+    """Each scheduler policy's scenario options, read from the scheduler registry."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name not in SCHEDULER_FACTORIES:
+            raise KeyError(name)
+        return scenario_options(SCHEDULER_FACTORIES, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEDULER_FACTORIES)
+
+    def __len__(self) -> int:
+        return len(SCHEDULER_FACTORIES)
+
+
+SCHEDULER_OPTIONS: Mapping[str, tuple[str, ...]] = _SchedulerOptions()
+"""``[scheduler] policy`` names and the options each takes (in the same table), read from
+the signatures in :data:`simsim.schedulers.SCHEDULERS` (registered policies included)."""
+
+SCHEDULERS = tuple(SCHEDULER_FACTORIES)
+"""The built-in scheduler names, in the order the docs list them (registered policies
+are in :data:`simsim.schedulers.SCHEDULERS`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +155,20 @@ class Cancellation:
     request_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A ``[backend]`` table of a registered kind (:func:`simsim.register_backend`): the
+    kind's name and the options its factory is called with."""
+
+    kind: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def build(self) -> Backend:
+        """A new backend: the kind's factory called with the options."""
+        backend: Backend = BACKENDS.build(self.kind, **dict(self.options))
+        return backend
+
+
 Workload = OpenLoopWorkload | ClosedLoopWorkload | ClassMix
 """What ``[workload]`` describes: open-loop, closed-loop, or a mix of request classes."""
 
@@ -159,8 +208,9 @@ class BatchingSpec:
 Server = EngineBase | Cluster
 """What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them."""
 
-SEEDED_ROUTERS = ("random", "power_of_two")
-"""The routers that take a ``seed``."""
+SEEDED_ROUTERS = tuple(name for name in ROUTERS if ROUTERS.seeded(name))
+"""The built-in routers that take a ``seed`` (:meth:`~simsim.registry.Registry.seeded`
+answers for registered ones too)."""
 
 _SEED_LIMIT = 2**63
 """Router seeds, like scenario seeds, are below this."""
@@ -209,7 +259,7 @@ class PoolSpec:
     def make_router(self, scenario_seed: int) -> Router:
         """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""
         options: dict[str, object] = {}
-        if self.router in SEEDED_ROUTERS:
+        if ROUTERS.seeded(self.router):
             options["seed"] = scenario_seed if self.seed is None else self.seed
         if self.weights is not None:
             options["weights"] = dict(self.weights)
@@ -267,7 +317,7 @@ class Scenario:
     engine: str = "single_slot"
     batching: BatchingSpec | None = None
     scheduler: str = "fcfs"
-    backend: SimulatedBackendConfig | FittedBackendConfig = field(
+    backend: SimulatedBackendConfig | FittedBackendConfig | BackendSpec = field(
         default_factory=SimulatedBackendConfig
     )
     requests: tuple[RequestSpec, ...] = ()
@@ -375,7 +425,7 @@ class Scenario:
 
     def _build_server(self, env: Environment, batching: BatchingSpec | None) -> EngineBase:
         scenario = self if batching is self.batching else replace(self, batching=batching)
-        return ENGINE_BUILDERS[self.engine](
+        return ENGINE_KINDS.lookup(self.engine)(
             scenario, self.build_backend(), self.build_scheduler(), env
         )
 
@@ -383,7 +433,7 @@ class Scenario:
         """A new, empty scheduler of the ``[scheduler]`` table's policy and options
         (every server of a cluster gets its own)."""
         try:
-            return SCHEDULER_FACTORIES[self.scheduler](**dict(self.scheduler_options))
+            return SCHEDULER_FACTORIES.lookup(self.scheduler)(**dict(self.scheduler_options))
         except (TypeError, ValueError) as error:
             raise ScenarioError(self.source, "scheduler", str(error)) from None
 
@@ -395,7 +445,13 @@ class Scenario:
         return {}
 
     def build_backend(self) -> Backend:
-        """The cost model of the ``[backend]`` table: simulated (default) or fitted."""
+        """The cost model of the ``[backend]`` table: simulated (default), fitted, or a
+        registered kind."""
+        if isinstance(self.backend, BackendSpec):
+            try:
+                return self.backend.build()
+            except (TypeError, ValueError) as error:
+                raise ScenarioError(self.source, "backend", str(error)) from None
         if isinstance(self.backend, FittedBackendConfig):
             return FittedBackend(self.backend)
         return SimulatedBackend(self.backend)
@@ -453,36 +509,9 @@ def decode_router_seed(scenario_seed: int) -> int:
     return (scenario_seed + 1) % _SEED_LIMIT
 
 
-EngineBuilder = Callable[[Scenario, Backend, Scheduler, Environment], EngineBase]
-"""Builds a scenario's engine from its backend, a scheduler and an environment."""
+ENGINE_BUILDERS: Registry[EngineKind] = ENGINE_KINDS
+"""``[scenario] engine`` names and how each engine is built (:data:`ENGINE_KINDS`, whose
+entries are called like builders): a new server is one entry."""
 
-
-def _single_slot(
-    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
-) -> EngineBase:
-    return SimulationEngine(backend, scheduler, env=env, admission=scenario.admission)
-
-
-def _single_slot_fast(
-    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
-) -> EngineBase:
-    return FastSimulationEngine(backend, scheduler, env=env, admission=scenario.admission)
-
-
-def _batching(
-    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
-) -> EngineBase:
-    if scenario.batching is None:
-        raise ScenarioError(scenario.source, "batching", 'engine "batching" needs [batching]')
-    return scenario.batching.build(backend, scheduler, env, scenario.admission)
-
-
-ENGINE_BUILDERS: Mapping[str, EngineBuilder] = {
-    "single_slot": _single_slot,
-    "single_slot_fast": _single_slot_fast,
-    "batching": _batching,
-}
-"""``[scenario] engine`` names and how each engine is built: a new server is one entry."""
-
-ENGINES = tuple(ENGINE_BUILDERS)
-"""The engine names a scenario may choose, in the order the docs list them."""
+ENGINES = tuple(ENGINE_KINDS)
+"""The built-in engine names a scenario may choose, in the order the docs list them."""

@@ -6,7 +6,6 @@ their own modules. Nothing is built or run until the whole document is valid.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,20 +13,22 @@ from typing import Any
 
 from simsim.admission import ADMISSION_KEYS, AdmissionControl, Limit
 from simsim.backend import (
+    BACKENDS,
     FittedBackendConfig,
     SimulatedBackend,
     SimulatedBackendConfig,
 )
+from simsim.checks import did_you_mean
 from simsim.clock import Environment
 from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
+from simsim.registry import Registry
 from simsim.scenario.checker import ScenarioError, TomlChecker, limited, make, read_toml
+from simsim.scenario.engine_kinds import ENGINE_KINDS, cannot
 from simsim.scenario.model import (
-    ENGINE_BUILDERS,
     SCHEDULER_OPTIONS,
-    SCHEDULERS,
-    SEEDED_ROUTERS,
+    BackendSpec,
     BatchingSpec,
     Cancellation,
     ClusterSpec,
@@ -35,6 +36,7 @@ from simsim.scenario.model import (
     RequestSpec,
     Scenario,
     check_replicas,
+    scenario_options,
 )
 from simsim.scenario.trace_table import parse_trace
 from simsim.scenario.workload_table import (
@@ -83,8 +85,9 @@ _KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
 _SCENARIO_KEYS = ("name", "engine", "seed")
 _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
 _FITTED_BACKEND_KEYS = tuple(FittedBackendConfig.__dataclass_fields__)
-BACKEND_KINDS = ("simulated", "fitted")
-"""``[backend] kind``: the linear model in whole microseconds (default) or the fitted one."""
+BACKEND_KINDS = tuple(BACKENDS)
+"""The built-in ``[backend] kind`` names: the linear model in whole microseconds (default)
+or the fitted one (registered kinds are in :data:`simsim.backend.BACKENDS`)."""
 _REQUEST_KEYS = (
     "request_id",
     "arrival_time_us",
@@ -122,13 +125,10 @@ def load_scenario(
         check, table = _backend_table(backend)
         head = data.get("scenario")
         engine = head.get("engine") if isinstance(head, dict) else None
-        if engine == "single_slot_fast" and table.get("kind") == "fitted":
-            raise check.fail(
-                "backend.kind",
-                f"a fitted backend prices each decode step from its context, and {path} uses "
-                'engine = "single_slot_fast", which prices one decode step per request; use '
-                '"single_slot"',
-            )
+        fitted = table.get("kind") == "fitted"
+        refusal = cannot(engine, "prices_context") if fitted and isinstance(engine, str) else None
+        if refusal is not None:
+            raise check.fail("backend.kind", f'{path} uses engine = "{engine}": {refusal}')
         data = {**data, "backend": table}
     scenario = parse_scenario(
         data,
@@ -160,7 +160,7 @@ def parse_scenario(
     head = check.table(data, "scenario", "scenario")
     check.keys(head, _SCENARIO_KEYS, "scenario")
     name = check.string(head, "name", "scenario", default="scenario")
-    engine = check.choice(head, "engine", "scenario", tuple(ENGINE_BUILDERS), default="single_slot")
+    engine = check.choice(head, "engine", "scenario", tuple(ENGINE_KINDS), default="single_slot")
     seed = check.integer(head, "seed", "scenario", default=0)
 
     backend_table = check.table(data, "backend", "backend")
@@ -224,22 +224,15 @@ def parse_scenario(
         # here (simsim serve notes which limits its requests can meet).
         _check_limit_names(check, admission, specs, workload)
     _check_trace_blocks(check, data, batching)
-    if engine == "single_slot_fast" and isinstance(backend, FittedBackendConfig):
-        raise check.fail(
-            "backend.kind",
-            "a fitted backend prices each decode step from its context; use engine = "
-            '"single_slot" (the fast engine prices one decode step per request)',
-        )
-    if engine == "single_slot_fast" and isinstance(workload, ClosedLoopWorkload):
+    refusal = cannot(engine, "prices_context")
+    if refusal is not None and isinstance(backend, FittedBackendConfig):
+        raise check.fail("backend.kind", refusal)
+    refusal = cannot(engine, "closed_loop")
+    if refusal is not None and isinstance(workload, ClosedLoopWorkload):
         # Its users submit and cancel while the simulation runs, in an order that
-        # depends on which of two events at the same microsecond comes first, and the
-        # fast engine's events are not the full engine's: the tables would differ.
-        raise check.fail(
-            "workload.kind",
-            'closed_loop needs engine = "single_slot" (or "batching"): the fast engine gives '
-            "the full engine's request table only when every submission and cancellation "
-            "is set up before the run",
-        )
+        # depends on which of two events at the same microsecond comes first, and an
+        # engine without closed_loop has other events: the tables would differ.
+        raise check.fail("workload.kind", refusal)
 
     cancellations: list[Cancellation] = []
     for index, row in enumerate(check.array_of_tables(data, "cancellations")):
@@ -290,7 +283,7 @@ def _parse_scheduler(
 ) -> tuple[str, tuple[tuple[str, float], ...]]:
     """``[scheduler]``: the policy and its options, checked by building one scheduler."""
     table = check.table(data, "scheduler", "scheduler")
-    policy = check.choice(table, "policy", "scheduler", SCHEDULERS, default="fcfs")
+    policy = check.choice(table, "policy", "scheduler", tuple(SCHEDULER_FACTORIES), default="fcfs")
     allowed = SCHEDULER_OPTIONS[policy]
     for key in table:
         others = [name for name, keys in SCHEDULER_OPTIONS.items() if key in keys]
@@ -301,12 +294,35 @@ def _parse_scheduler(
                 f"policy {policy!r} takes {takes}; {key} is an option of {', '.join(others)}",
             )
     check.keys(table, ("policy", *allowed), "scheduler")
-    options = tuple((key, check.number(table, key, "scheduler")) for key in allowed if key in table)
-    factory = SCHEDULER_FACTORIES.get(policy)
-    if factory is None:
-        raise check.fail("scheduler.policy", f"{policy!r} is not available in this build of simsim")
-    make(check, "scheduler", factory, **dict(options))
+    options = _options(check, table, "scheduler", SCHEDULER_FACTORIES, policy, allowed)
+    make(check, "scheduler", SCHEDULER_FACTORIES[policy], **dict(options))
     return policy, options
+
+
+def _options(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    where: str,
+    registry: Registry[Any],
+    name: str,
+    allowed: Sequence[str],
+) -> tuple[tuple[str, Any], ...]:
+    """The plug-in options of *table* (keys among *allowed*): an option whose default
+    is an ``int`` must be an integer, one whose default is a ``float`` a number; any
+    other is passed as the file gives it."""
+    defaults = registry.defaults(name)
+    options = []
+    for key in allowed:
+        if key not in table:
+            continue
+        default = defaults.get(key)
+        value: Any = table[key]
+        if type(default) is int:
+            value = check.integer(table, key, where)
+        elif type(default) is float:
+            value = check.number(table, key, where)
+        options.append((key, value))
+    return tuple(options)
 
 
 def _parse_admission(
@@ -366,8 +382,7 @@ def _check_limit_names(
         if name == "*" or name in names:
             continue
         known = sorted(str(n) for n in names)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, known)
         raise check.fail(
             f"admission.limits.{name}",
             f"no request of this scenario has {field} {name!r}{hint}, so this limit would "
@@ -376,7 +391,7 @@ def _check_limit_names(
         )
 
 
-def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig:
+def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig | BackendSpec:
     """The cost model in the ``[backend]`` table of the TOML file at *path*.
 
     Such as the file ``simsim calibrate`` writes; other tables in the file are not read.
@@ -398,9 +413,16 @@ def _backend_table(path: str | Path) -> tuple[TomlChecker, Mapping[str, Any]]:
 
 def _parse_backend(
     check: TomlChecker, table: Mapping[str, Any]
-) -> SimulatedBackendConfig | FittedBackendConfig:
-    """``[backend]``: integer coefficients by default, or ``kind = "fitted"`` and floats."""
-    kind = check.choice(table, "kind", "backend", BACKEND_KINDS, default="simulated")
+) -> SimulatedBackendConfig | FittedBackendConfig | BackendSpec:
+    """``[backend]``: integer coefficients by default, ``kind = "fitted"`` and floats, or
+    a registered kind and the options its factory takes."""
+    kind = check.choice(table, "kind", "backend", tuple(BACKENDS), default="simulated")
+    if kind not in ("simulated", "fitted"):
+        allowed = scenario_options(BACKENDS, kind)
+        check.keys(table, ("kind", *allowed), "backend")
+        spec = BackendSpec(kind, _options(check, table, "backend", BACKENDS, kind, allowed))
+        make(check, "backend", BACKENDS[kind], **dict(spec.options))
+        return spec
     if kind == "simulated":
         # The allowed keys are named as before kind existed: an unknown key's message
         # is the one users of the linear model have always seen.
@@ -599,6 +621,7 @@ def _parse_pool(
     )
     name = where.rpartition(".")[2]
     router = check.choice(table, "router", where, tuple(ROUTERS), default=_DEFAULT_ROUTERS[name])
+    options = ROUTERS.options(router)
     if router == "prefix_affinity" and not prefix_cache:
         raise check.fail(
             f"{where}.router",
@@ -609,18 +632,22 @@ def _parse_pool(
         )
     seed = None
     if "seed" in table:
-        if router not in SEEDED_ROUTERS:
+        if not ROUTERS.seeded(router):
+            seeded = [other for other in ROUTERS if ROUTERS.seeded(other)]
             raise check.fail(
                 f"{where}.seed",
-                f"only for router {' or '.join(repr(r) for r in SEEDED_ROUTERS)} "
+                f"only for router {' or '.join(repr(r) for r in seeded)} "
                 f"(the router is {router!r})",
             )
         seed = check.integer(table, "seed", where)
     weights = None
     if "weights" in table:
-        if router != "weighted":
+        if options is not None and "weights" not in options:
+            weighted = [other for other in ROUTERS if "weights" in (ROUTERS.options(other) or ())]
             raise check.fail(
-                f"{where}.weights", f"only for router 'weighted' (the router is {router!r})"
+                f"{where}.weights",
+                f"only for router {' or '.join(repr(r) for r in weighted)} "
+                f"(the router is {router!r})",
             )
         weights_table = check.table(table, "weights", f"{where}.weights")
         check.keys(weights_table, tuple(SCORERS), f"{where}.weights")

@@ -11,11 +11,10 @@ clear errors for an unknown name or option.
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
+from simsim.registry import Registry
 from simsim.scheduler import FcfsScheduler, Scheduler
 from simsim.schedulers.base import HeapScheduler
 from simsim.schedulers.edf import EarliestDeadlineFirstScheduler
@@ -38,17 +37,35 @@ __all__ = [
     "ShortestPromptFirstScheduler",
     "SizeOrderedScheduler",
     "make_scheduler",
+    "register_scheduler",
 ]
 
-SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
-    "fcfs": FcfsScheduler,
-    "priority": PriorityScheduler,
-    "shortest_prompt": ShortestPromptFirstScheduler,
-    "shortest_job": ShortestJobFirstScheduler,
-    "edf": EarliestDeadlineFirstScheduler,
-    "fair": FairShareScheduler,
-}
-"""Policy name -> factory (called with the policy's options as keyword arguments)."""
+SCHEDULERS: Registry[Callable[..., Scheduler]] = Registry("scheduler policy", "policies")
+"""Policy name -> factory (called with the policy's options as keyword arguments), in
+the order the docs list them; :func:`register_scheduler` adds a user's own."""
+
+for _name, _factory in (
+    ("fcfs", FcfsScheduler),
+    ("priority", PriorityScheduler),
+    ("shortest_prompt", ShortestPromptFirstScheduler),
+    ("shortest_job", ShortestJobFirstScheduler),
+    ("edf", EarliestDeadlineFirstScheduler),
+    ("fair", FairShareScheduler),
+):
+    SCHEDULERS.register(_name, _factory)
+
+
+def register_scheduler(
+    name: str, factory: Callable[..., Scheduler], *, replace: bool = False
+) -> Callable[..., Scheduler]:
+    """Make *factory* the scheduler policy *name*, for scenario files and
+    :func:`make_scheduler`; returns *factory*.
+
+    *factory* (a class or a function) is called with the policy's options as keyword
+    arguments, which its signature declares: a scenario's ``[scheduler]`` table may set
+    exactly those. A name already taken raises ``ValueError`` unless *replace* is true.
+    """
+    return SCHEDULERS.register(name, factory, replace=replace)
 
 
 def make_scheduler(name: str, **options: Any) -> Scheduler:
@@ -58,40 +75,5 @@ def make_scheduler(name: str, **options: Any) -> Scheduler:
     does not take raises ``TypeError`` listing those it takes; a bad option value raises
     the policy's own ``TypeError`` or ``ValueError``.
     """
-    if not isinstance(name, str):
-        raise TypeError(
-            f"a scheduler policy name must be a str, got {type(name).__name__} {name!r}"
-        )
-    factory = SCHEDULERS.get(name)
-    if factory is None:
-        close = difflib.get_close_matches(name, SCHEDULERS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"unknown scheduler policy {name!r}{hint}; "
-            f"known policies: {', '.join(sorted(SCHEDULERS))}"
-        )
-    accepted = _option_names(factory)
-    if accepted is not None:
-        unknown = sorted(set(options) - set(accepted))
-        if unknown:
-            takes = f"its options are {', '.join(accepted)}" if accepted else "it takes no options"
-            raise TypeError(
-                f"scheduler policy {name!r} has no option {', '.join(map(repr, unknown))}; {takes}"
-            )
-    return factory(**options)
-
-
-def _option_names(factory: Callable[..., Scheduler]) -> list[str] | None:
-    """The keyword options *factory* takes, or ``None`` when it takes any (``**kwargs``)
-    or its signature cannot be read."""
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    names = []
-    for parameter in parameters:
-        if parameter.kind is parameter.VAR_KEYWORD:
-            return None
-        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            names.append(parameter.name)
-    return names
+    scheduler: Scheduler = SCHEDULERS.build(name, **options)
+    return scheduler

@@ -36,14 +36,14 @@ id)``, whose outdated entries are dropped when they reach the top.
 
 from __future__ import annotations
 
-import math
 from heapq import heapify, heappop, heappush
 
+from simsim.checks import check_weight
 from simsim.clock import check_count, check_time_us
 from simsim.errors import UnknownRequestError
 from simsim.scheduler import AdmissionDecision, QueuedRequest, _QueueCounters
 
-__all__ = ["DEFAULT_TENANT", "FairShareScheduler", "check_weight"]
+__all__ = ["DEFAULT_TENANT", "FairShareScheduler"]
 
 DEFAULT_TENANT = ""
 """The tenant of a request that names none."""
@@ -268,14 +268,3 @@ class FairShareScheduler(_QueueCounters):
         if len(tenants) > 2 * len(stamps) + 16:
             tenants[:] = [entry for entry in tenants if stamps.get(entry[4]) == entry[3]]
             heapify(tenants)
-
-
-def check_weight(value: object, name: str) -> float:
-    """*value* as a token weight (a finite ``float`` ``>= 0``), or ``TypeError`` /
-    ``ValueError`` naming *name*."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    weight = float(value)
-    if not math.isfinite(weight) or weight < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return weight

@@ -24,33 +24,14 @@ before ``v`` (see docs/schedulers.md).
 
 from __future__ import annotations
 
-import math
-import numbers
-import operator
 from abc import abstractmethod
 from collections.abc import Callable
 
+from simsim.checks import check_real
 from simsim.scheduler import QueuedRequest
 from simsim.schedulers.base import HeapScheduler
 
 __all__ = ["ShortestJobFirstScheduler", "ShortestPromptFirstScheduler", "SizeOrderedScheduler"]
-
-
-def _non_negative_number(value: object, what: str) -> int | float:
-    """*value* as a finite number >= 0 (int kept as int), or raise naming *what*."""
-    if type(value) is int or type(value) is float:
-        number: int | float = value
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{what} must be a finite number >= 0, got {type(value).__name__} {value!r}"
-        )
-    elif hasattr(type(value), "__index__"):
-        number = int(operator.index(value))  # type: ignore[arg-type]
-    else:
-        number = float(value)
-    if not (number >= 0 and math.isfinite(number)):
-        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
-    return number
 
 
 class SizeOrderedScheduler(HeapScheduler):
@@ -64,7 +45,7 @@ class SizeOrderedScheduler(HeapScheduler):
     __slots__ = ("_aging_per_s", "_us_per_size")
 
     def __init__(self, aging_per_s: float = 0.0) -> None:
-        aging = _non_negative_number(aging_per_s, f"{type(self).__name__}: aging_per_s")
+        aging = check_real(aging_per_s, f"{type(self).__name__}: aging_per_s", keep_int=True)
         super().__init__()
         self._aging_per_s = aging
         # Microseconds of virtual delay per unit of size (None: no aging).
@@ -90,7 +71,7 @@ class SizeOrderedScheduler(HeapScheduler):
         ``arrival_time_us + size * (1_000_000 / aging_per_s)``."""
         size = self.job_size(item)
         if not (type(size) is int and size >= 0):
-            size = _non_negative_number(size, f"request {item.request_id}: job size")
+            size = check_real(size, f"request {item.request_id}: job size", keep_int=True)
         us_per_size = self._us_per_size
         if us_per_size is None:
             return size
@@ -141,7 +122,7 @@ class ShortestJobFirstScheduler(SizeOrderedScheduler):
         predict: Callable[[QueuedRequest], float] | None = None,
     ) -> None:
         name = type(self).__name__
-        weight = _non_negative_number(prompt_weight, f"{name}: prompt_weight")
+        weight = check_real(prompt_weight, f"{name}: prompt_weight", keep_int=True)
         if predict is not None and not callable(predict):
             raise TypeError(
                 f"{name}: predict must be a function of a QueuedRequest returning its "
@@ -171,8 +152,10 @@ class ShortestJobFirstScheduler(SizeOrderedScheduler):
         if predict is None:
             size: int | float = item.max_output_tokens
         else:
-            size = _non_negative_number(
-                predict(item), f"request {item.request_id}: predict(...) (its job size)"
+            size = check_real(
+                predict(item),
+                f"request {item.request_id}: predict(...) (its job size)",
+                keep_int=True,
             )
         if self._prompt_weight:
             size += self._prompt_weight * item.prompt_token_count
