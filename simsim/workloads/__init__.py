@@ -34,7 +34,12 @@ from simsim.workloads.classes import ClassMix, RequestClass
 from simsim.workloads.closed_loop import ClosedLoopRun, ClosedLoopSubmission, ClosedLoopWorkload
 from simsim.workloads.lengths import Empirical, Exponential, Fixed, LogNormal, Uniform
 from simsim.workloads.open_loop import OpenLoopWorkload, SharedPrefixes
-from simsim.workloads.submission import GeneratedWorkload, PatienceDeadline, WorkloadEngine
+from simsim.workloads.submission import (
+    GeneratedWorkload,
+    PatienceDeadline,
+    WorkloadEngine,
+    submit_with_deadlines,
+)
 
 __all__ = [
     "MAX_GENERATED_REQUESTS",
@@ -60,4 +65,5 @@ __all__ = [
     "WorkloadEngine",
     "check_request_count",
     "check_seed",
+    "submit_with_deadlines",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
-from simsim.request import Request
+from simsim.request import RequestSpec
 from simsim.workloads.base import (
     _HELD_IN_MEMORY,
     MAX_GENERATED_REQUESTS,
@@ -256,7 +256,7 @@ class ClassMix:
         request ids, which follow the merged arrival order).
         """
         seed = check_seed(seed)
-        drawn: list[tuple[int, int, int, Request, int | None]] = []
+        drawn: list[tuple[int, int, int, RequestSpec, int | None]] = []
         for order, (item, count) in enumerate(zip(self.classes, self.counts(), strict=True)):
             if count == 0:
                 continue  # a share too small to get a request of the total: nothing to draw
@@ -280,7 +280,7 @@ class ClassMix:
                     )
                 )
         drawn.sort(key=lambda row: row[:3])
-        requests: list[Request] = []
+        requests: list[RequestSpec] = []
         deadlines: list[PatienceDeadline] = []
         for position, (arrival, order, _, drawn_request, give_up_us) in enumerate(drawn):
             item = self.classes[order]
@@ -294,7 +294,7 @@ class ClassMix:
                         "past the 64-bit limit 2**63 - 1"
                     )
             requests.append(
-                Request(
+                RequestSpec(
                     rid,
                     arrival,
                     drawn_request.prompt_token_count,

@@ -11,7 +11,7 @@ import numpy as np
 import simpy
 
 from simsim.clock import Environment, check_count, check_time_us
-from simsim.request import Request
+from simsim.request import RequestSpec
 from simsim.workloads.base import (
     _HELD_IN_MEMORY,
     MAX_GENERATED_REQUESTS,
@@ -217,7 +217,7 @@ class ClosedLoopWorkload:
                 if self.block_hashes:
                     hashes = tuple((f"u{user}", i) for i in range((prompt + output) // block))
             request = engine.submit(
-                Request(request_id, env.now, prompt, output, block_hashes=hashes)
+                RequestSpec(request_id, env.now, prompt, output, block_hashes=hashes)
             )
             log.append(ClosedLoopSubmission(request_id, user, index, env.now, think, patience))
             done = engine.completion(request_id)

@@ -10,7 +10,7 @@ import numpy as np
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.engines.batching import KvCacheConfig
-from simsim.request import Request
+from simsim.request import RequestSpec
 from simsim.workloads.base import (
     ArrivalProcess,
     LengthDistribution,
@@ -185,7 +185,7 @@ class OpenLoopWorkload:
         first = self.first_request_id
         if self.shared_prefixes is None:
             requests = tuple(
-                Request(first + i, arrival, prompt, output)
+                RequestSpec(first + i, arrival, prompt, output)
                 for i, (arrival, prompt, output) in enumerate(
                     zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True)
                 )
@@ -198,7 +198,7 @@ class OpenLoopWorkload:
                 np.random.default_rng(group_seq), ids, prompts.tolist(), outputs.tolist()
             )
             requests = tuple(
-                Request(rid, arrival, prompt, output, block_hashes=keys)
+                RequestSpec(rid, arrival, prompt, output, block_hashes=keys)
                 for rid, arrival, prompt, output, keys in zip(
                     ids, arrivals.tolist(), full, outputs.tolist(), hashes, strict=True
                 )
@@ -220,7 +220,8 @@ class OpenLoopWorkload:
     def submit_to(self, engine: WorkloadEngine, seed: int) -> GeneratedWorkload:
         """Generate from *seed*, submit to *engine* (see :meth:`GeneratedWorkload.submit_to`).
 
-        Returns the generated workload, whose requests the engine now updates.
+        Returns the generated workload (specs and deadlines); the engine's own requests
+        are in ``engine.requests``.
         """
         generated = self.generate(seed)
         generated.submit_to(engine)
