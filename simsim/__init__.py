@@ -35,7 +35,7 @@ from simsim.errors import (
     UnknownRequestError,
 )
 from simsim.records import AdmissionRecord, EventRecord, EventType, IterationRecord
-from simsim.request import Request, RequestState
+from simsim.request import Request, RequestSpec, RequestState
 from simsim.results import summarize
 from simsim.scheduler import (
     AdmissionDecision,
@@ -71,6 +71,7 @@ __all__ = [
     "Limit",
     "QueuedRequest",
     "Request",
+    "RequestSpec",
     "RequestState",
     "Scheduler",
     "SchedulerStats",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import operator
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -31,7 +31,17 @@ from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.errors import InvalidTransitionError
 from simsim.wording import counted
 
-__all__ = ["LEGAL_TRANSITIONS", "TERMINAL_STATES", "Request", "RequestState"]
+__all__ = [
+    "LEGAL_TRANSITIONS",
+    "METADATA_FIELDS",
+    "SPEC_FIELDS",
+    "TERMINAL_STATES",
+    "Request",
+    "RequestSpec",
+    "RequestState",
+    "request_spec",
+    "submitted_request",
+]
 
 
 class RequestState(enum.Enum):
@@ -105,6 +115,201 @@ def _hashes(values: Iterable[Hashable], request_id: object) -> tuple[Hashable, .
     return keys
 
 
+def _checked_metadata(
+    request_id: object,
+    request_class: object,
+    tenant: object,
+    priority: object,
+    deadline_us: object,
+    tags: object,
+) -> tuple[str | None, str | None, int, int | None, Mapping[str, Any] | None]:
+    """The metadata fields checked and normalised (``priority`` an ``int``, ``tags`` a
+    read-only mapping); ``TypeError``/``ValueError`` naming the request and the field."""
+    for name, value in (("request_class", request_class), ("tenant", tenant)):
+        if value is not None and (type(value) is not str or not value):
+            raise TypeError(
+                f"request {request_id}: {name} must be a non-empty str or None, got {value!r}"
+            )
+    if isinstance(priority, bool) or not hasattr(type(priority), "__index__"):
+        raise TypeError(f"request {request_id}: priority must be an int, got {priority!r}")
+    checked_priority = int(operator.index(priority))  # type: ignore[arg-type]
+    if deadline_us is not None:
+        try:
+            deadline_us = check_time_us(deadline_us, "deadline_us")
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"request {request_id}: {error}") from None
+    if tags is not None:
+        if not isinstance(tags, Mapping) or not all(type(k) is str and k for k in tags):
+            raise TypeError(
+                f"request {request_id}: tags must be a mapping with non-empty str keys, "
+                f"got {tags!r}"
+            )
+        tags = MappingProxyType(dict(tags))
+    return (
+        request_class,
+        tenant,
+        checked_priority,
+        deadline_us,  # type: ignore[return-value]
+        tags,
+    )
+
+
+_SCHEDULING: Final = MappingProxyType({"scheduling": True})
+"""Field metadata marking what a scheduler may order by besides the sizes."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request as a value: its identity, sizes, block hashes and metadata, checked once.
+
+    Traces and workloads make these; a scheduler sees nothing else
+    (:class:`~simsim.scheduler.QueuedRequest` is this type); an engine makes its own
+    mutable :class:`Request` from one at ``submit`` (:func:`submitted_request`) without
+    checking it again. Every field is also a :class:`Request` attribute and constructor
+    argument of the same name, so this class is the one list of a request's fields
+    (:data:`SPEC_FIELDS`). The four sizes are positional; the rest are keyword-only,
+    with defaults that change nothing. Bad values raise ``TypeError``/``ValueError``
+    naming the request and the field, as :class:`Request` does.
+    """
+
+    request_id: int
+    arrival_time_us: int
+    prompt_token_count: int
+    max_output_tokens: int
+    block_hashes: tuple[Hashable, ...] | None = None
+    """The chain of hashes of the prompt's full KV blocks (prefix caching), or ``None``."""
+    request_class: str | None = field(default=None, metadata=_SCHEDULING)
+    tenant: str | None = field(default=None, metadata=_SCHEDULING)
+    priority: int = field(default=0, metadata=_SCHEDULING)
+    deadline_us: int | None = field(default=None, metadata=_SCHEDULING)
+    tags: Mapping[str, Any] | None = field(default=None, hash=False, metadata=_SCHEDULING)
+
+    # Written out (dataclass keeps a class's own __init__): one is made per request, and
+    # a frozen dataclass's generated __init__ is slow (object.__setattr__ per field).
+    # Checked in Request's order (hashes, metadata, sizes), with Request's messages.
+    def __init__(
+        self,
+        request_id: int,
+        arrival_time_us: int,
+        prompt_token_count: int,
+        max_output_tokens: int,
+        *,
+        block_hashes: Iterable[Hashable] | None = None,
+        request_class: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        deadline_us: int | None = None,
+        tags: Mapping[str, Any] | None = None,
+    ) -> None:
+        if block_hashes is not None:
+            block_hashes = _hashes(block_hashes, request_id)
+        if (
+            request_class is not None
+            or tenant is not None
+            or priority != 0
+            or type(priority) is not int
+            or deadline_us is not None
+            or tags is not None
+        ):
+            request_class, tenant, priority, deadline_us, tags = _checked_metadata(
+                request_id, request_class, tenant, priority, deadline_us, tags
+            )
+        if (
+            type(request_id) is type(arrival_time_us) is int
+            and type(prompt_token_count) is type(max_output_tokens) is int
+        ):
+            # All in 0 .. 2**63 - 1 exactly when their bitwise OR is.
+            bits = request_id | arrival_time_us | prompt_token_count | max_output_tokens
+        else:
+            bits = -1
+        if not 0 <= bits <= MAX_TIME_US:
+            request_id = check_count(request_id, "request_id")
+            arrival_time_us = check_time_us(arrival_time_us, "arrival_time_us")
+            prompt_token_count = check_count(prompt_token_count, "prompt_token_count")
+            max_output_tokens = check_count(max_output_tokens, "max_output_tokens")
+        _set_request_id(self, request_id)
+        _set_arrival_time_us(self, arrival_time_us)
+        _set_prompt_token_count(self, prompt_token_count)
+        _set_max_output_tokens(self, max_output_tokens)
+        _set_block_hashes(self, block_hashes)
+        _set_request_class(self, request_class)
+        _set_tenant(self, tenant)
+        _set_priority(self, priority)
+        _set_deadline_us(self, deadline_us)
+        _set_tags(self, tags)
+
+    def __post_init__(self) -> None:
+        # Only a dataclass subclass's generated __init__ calls this: the same checks.
+        checked = RequestSpec(*_spec_values(self)[:4], **_extra_arguments(_extras(self)))
+        for name, value in zip(SPEC_FIELDS, _spec_values(checked), strict=True):
+            object.__setattr__(self, name, value)
+
+    @property
+    def has_metadata(self) -> bool:
+        """``True`` when any of :data:`METADATA_FIELDS` is set (see
+        :attr:`Request.has_metadata`)."""
+        return _has_metadata(self)
+
+    @classmethod
+    def of(cls, request: Request) -> RequestSpec:
+        """The spec of an existing request: :func:`request_spec`."""
+        return request_spec(request)
+
+    def to_request(self) -> Request:
+        """A new pristine :class:`Request` of this spec: :func:`submitted_request`."""
+        return submitted_request(self)
+
+
+# The slots' own setters: the fastest way for a frozen record's __init__ to fill it.
+_set_request_id = vars(RequestSpec)["request_id"].__set__
+_set_arrival_time_us = vars(RequestSpec)["arrival_time_us"].__set__
+_set_prompt_token_count = vars(RequestSpec)["prompt_token_count"].__set__
+_set_max_output_tokens = vars(RequestSpec)["max_output_tokens"].__set__
+_set_block_hashes = vars(RequestSpec)["block_hashes"].__set__
+_set_request_class = vars(RequestSpec)["request_class"].__set__
+_set_tenant = vars(RequestSpec)["tenant"].__set__
+_set_priority = vars(RequestSpec)["priority"].__set__
+_set_deadline_us = vars(RequestSpec)["deadline_us"].__set__
+_set_tags = vars(RequestSpec)["tags"].__set__
+
+SPEC_FIELDS: Final = tuple(spec_field.name for spec_field in fields(RequestSpec))
+"""Every field of a :class:`RequestSpec`, in order; each is also a :class:`Request`
+attribute and constructor argument (the four sizes positional, the rest keyword)."""
+
+METADATA_FIELDS: Final = tuple(
+    spec_field.name for spec_field in fields(RequestSpec) if spec_field.metadata.get("scheduling")
+)
+"""The metadata fields a scheduler may order by besides the sizes (class, tenant,
+priority, deadline, tags); absent, each is its default and nothing changes."""
+
+_EXTRA_FIELDS: Final = SPEC_FIELDS[4:]
+_spec_values = operator.attrgetter(*SPEC_FIELDS)
+_extras = operator.attrgetter(*_EXTRA_FIELDS)
+_DEFAULT_EXTRAS: Final = tuple(spec_field.default for spec_field in fields(RequestSpec)[4:])
+_METADATA_DEFAULTS: Final = tuple(
+    (spec_field.name, spec_field.default)
+    for spec_field in fields(RequestSpec)
+    if spec_field.name in METADATA_FIELDS
+)
+
+
+def _extra_arguments(extras: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(_EXTRA_FIELDS, extras, strict=True))
+
+
+def _has_metadata(item: RequestSpec | Request) -> bool:
+    """Whether any metadata field of *item* differs from its default (empty tags count as
+    none)."""
+    for name, default in _METADATA_DEFAULTS:
+        value = getattr(item, name)
+        if default is None:
+            if value is not None and not (isinstance(value, Mapping) and not value):
+                return True
+        elif value != default:
+            return True
+    return False
+
+
 @dataclass(slots=True, eq=True)
 class Request:
     """One inference request: its size, its lifecycle state and its timestamps.
@@ -145,6 +350,8 @@ class Request:
     _pending: Any = field(default=None, init=False, repr=False, compare=False)
     # The engine's event object for this request, reused from step to step.
     _event: Any = field(default=None, init=False, repr=False, compare=False)
+    # The request's spec, made once: given at submit, or at its first enqueue.
+    _spec: RequestSpec | None = field(default=None, init=False, repr=False, compare=False)
 
     # Written out instead of generated (dataclass keeps a class's own __init__) so that
     # a new request of plain ints is checked on the arguments, in one expression,
@@ -189,6 +396,7 @@ class Request:
         self.rejection = None
         self._pending = None
         self._event = None
+        self._spec = None
         if (
             request_class is not None
             or tenant is not None
@@ -274,40 +482,26 @@ class Request:
 
     @property
     def has_metadata(self) -> bool:
-        """``True`` when any of ``request_class``, ``tenant``, ``priority``,
-        ``deadline_us`` or ``tags`` is set."""
-        return (
-            self.request_class is not None
-            or self.tenant is not None
-            or self.priority != 0
-            or self.deadline_us is not None
-            or bool(self.tags)
-        )
+        """``True`` when any of :data:`METADATA_FIELDS` (``request_class``, ``tenant``,
+        ``priority``, ``deadline_us``, ``tags``) is set: not its default, and tags not
+        empty."""
+        return _has_metadata(self)
 
     def _check_metadata(self) -> None:
-        rid = self.request_id
-        for name in ("request_class", "tenant"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not str or not value):
-                raise TypeError(
-                    f"request {rid}: {name} must be a non-empty str or None, got {value!r}"
-                )
-        priority = self.priority
-        if isinstance(priority, bool) or not hasattr(type(priority), "__index__"):
-            raise TypeError(f"request {rid}: priority must be an int, got {priority!r}")
-        self.priority = int(operator.index(priority))
-        if self.deadline_us is not None:
-            try:
-                self.deadline_us = check_time_us(self.deadline_us, "deadline_us")
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"request {rid}: {error}") from None
-        tags = self.tags
-        if tags is not None:
-            if not isinstance(tags, Mapping) or not all(type(k) is str and k for k in tags):
-                raise TypeError(
-                    f"request {rid}: tags must be a mapping with non-empty str keys, got {tags!r}"
-                )
-            self.tags = MappingProxyType(dict(tags))
+        (
+            self.request_class,
+            self.tenant,
+            self.priority,
+            self.deadline_us,
+            self.tags,
+        ) = _checked_metadata(
+            self.request_id,
+            self.request_class,
+            self.tenant,
+            self.priority,
+            self.deadline_us,
+            self.tags,
+        )
 
     @property
     def is_pristine(self) -> bool:
@@ -361,3 +555,52 @@ class Request:
                 self.admit_time_us = now_us
         elif new_state is _F or new_state is _C:
             self.finish_time_us = now_us
+
+
+def request_spec(request: Request) -> RequestSpec:
+    """The :class:`RequestSpec` of *request*: what a scheduler may know of it.
+
+    Made once and kept: a request submitted as a spec keeps that spec, and one submitted
+    as a :class:`Request` gets its spec at its first enqueue (engines call this at each
+    arrival and at each re-queueing after a preemption).
+    """
+    spec = request._spec
+    if spec is None:
+        extras = _extras(request)
+        if extras == _DEFAULT_EXTRAS:
+            spec = RequestSpec(
+                request.request_id,
+                request.arrival_time_us,
+                request.prompt_token_count,
+                request.max_output_tokens,
+            )
+        else:
+            spec = RequestSpec(
+                request.request_id,
+                request.arrival_time_us,
+                request.prompt_token_count,
+                request.max_output_tokens,
+                **_extra_arguments(extras),
+            )
+        request._spec = spec
+    return spec
+
+
+def submitted_request(item: Request | RequestSpec) -> Request:
+    """What an engine's ``submit`` works on: a new pristine :class:`Request` made from a
+    :class:`RequestSpec` (which is not checked again), or *item* itself otherwise.
+
+    The one place a spec becomes a request; ``submit`` checks whatever is not a spec as
+    before (a :class:`Request` must be pristine; anything else is a ``TypeError``).
+    """
+    if not isinstance(item, RequestSpec):
+        return item
+    request = Request(
+        item.request_id, item.arrival_time_us, item.prompt_token_count, item.max_output_tokens
+    )
+    extras = _extras(item)
+    if extras != _DEFAULT_EXTRAS:
+        for name, value in zip(_EXTRA_FIELDS, extras, strict=True):
+            setattr(request, name, value)
+    request._spec = item
+    return request

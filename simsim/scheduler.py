@@ -11,13 +11,13 @@ is not the head, is refused with :class:`~simsim.errors.StaleDecisionError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Protocol, runtime_checkable
 
-from simsim.clock import MAX_TIME_US, check_count, check_time_us
+from simsim.clock import check_count, check_time_us
 from simsim.errors import StaleDecisionError, UnknownRequestError
+from simsim.request import RequestSpec
 
 __all__ = [
     "AdmissionDecision",
@@ -28,95 +28,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedRequest:
-    """What a scheduler may know of a request: its id, arrival time and size, and its
-    optional metadata (keyword-only, as on :class:`~simsim.request.Request`: class,
-    tenant, priority, deadline, tags)."""
-
-    request_id: int
-    arrival_time_us: int
-    prompt_token_count: int
-    max_output_tokens: int
-    request_class: str | None = None
-    tenant: str | None = None
-    priority: int = 0
-    deadline_us: int | None = None
-    tags: Mapping[str, Any] | None = field(default=None, hash=False)
-
-    # Written out (dataclass keeps a class's own __init__): one is made per arrival, and
-    # a frozen dataclass's generated __init__ is slow (object.__setattr__ per field,
-    # then __post_init__). Checked like Request's fields, so user-built records obey
-    # the same rules.
-    def __init__(
-        self,
-        request_id: int,
-        arrival_time_us: int,
-        prompt_token_count: int,
-        max_output_tokens: int,
-        *,
-        request_class: str | None = None,
-        tenant: str | None = None,
-        priority: int = 0,
-        deadline_us: int | None = None,
-        tags: Mapping[str, Any] | None = None,
-    ) -> None:
-        if (
-            type(request_id) is type(arrival_time_us) is int
-            and type(prompt_token_count) is type(max_output_tokens) is int
-        ):
-            # All in 0 .. 2**63 - 1 exactly when their bitwise OR is.
-            bits = request_id | arrival_time_us | prompt_token_count | max_output_tokens
-        else:
-            bits = -1
-        if not 0 <= bits <= MAX_TIME_US:
-            request_id = check_count(request_id, "request_id")
-            arrival_time_us = check_time_us(arrival_time_us, "arrival_time_us")
-            prompt_token_count = check_count(prompt_token_count, "prompt_token_count")
-            max_output_tokens = check_count(max_output_tokens, "max_output_tokens")
-        _set_request_id(self, request_id)
-        _set_arrival_time_us(self, arrival_time_us)
-        _set_prompt_token_count(self, prompt_token_count)
-        _set_max_output_tokens(self, max_output_tokens)
-        _set_request_class(self, request_class)
-        _set_tenant(self, tenant)
-        _set_priority(self, priority)
-        _set_deadline_us(self, deadline_us)
-        _set_tags(self, tags)
-
-    def __post_init__(self) -> None:
-        # Only a dataclass subclass's generated __init__ calls this; the check is the
-        # one __init__ makes.
-        if (
-            type(self.request_id) is int
-            and type(self.arrival_time_us) is int
-            and type(self.prompt_token_count) is int
-            and type(self.max_output_tokens) is int
-            and 0 <= self.request_id <= MAX_TIME_US
-            and 0 <= self.arrival_time_us <= MAX_TIME_US
-            and 0 <= self.prompt_token_count <= MAX_TIME_US
-            and 0 <= self.max_output_tokens <= MAX_TIME_US
-        ):
-            return
-        for name, check in (
-            ("request_id", check_count),
-            ("arrival_time_us", check_time_us),
-            ("prompt_token_count", check_count),
-            ("max_output_tokens", check_count),
-        ):
-            object.__setattr__(self, name, check(getattr(self, name), name))
-
-
-# The slots' own setters: the fastest way for a frozen record's __init__ to fill it.
-_set_request_id = vars(QueuedRequest)["request_id"].__set__
-_set_arrival_time_us = vars(QueuedRequest)["arrival_time_us"].__set__
-_set_prompt_token_count = vars(QueuedRequest)["prompt_token_count"].__set__
-_set_max_output_tokens = vars(QueuedRequest)["max_output_tokens"].__set__
-_set_request_class = vars(QueuedRequest)["request_class"].__set__
-_set_tenant = vars(QueuedRequest)["tenant"].__set__
-_set_priority = vars(QueuedRequest)["priority"].__set__
-_set_deadline_us = vars(QueuedRequest)["deadline_us"].__set__
-_set_tags = vars(QueuedRequest)["tags"].__set__
+QueuedRequest = RequestSpec
+"""What a scheduler may know of a request: its id, arrival time and size, its block
+hashes and its optional metadata (keyword-only, as on :class:`~simsim.request.Request`:
+class, tenant, priority, deadline, tags). Immutable; the same type as
+:class:`~simsim.request.RequestSpec`, so an engine hands its scheduler the spec a request
+was submitted with, or made once at its first arrival."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +43,7 @@ class AdmissionDecision:
     request_id: int
     epoch: int
 
-    # Written out, as QueuedRequest's: one is made per admission.
+    # Written out, as RequestSpec's: one is made per admission.
     def __init__(self, request_id: int, epoch: int) -> None:
         _set_decision_request_id(self, request_id)
         _set_decision_epoch(self, epoch)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
-from simsim.request import Request
+from simsim.request import RequestSpec
 
 __all__ = [
     "AZURE_COLUMNS",
@@ -416,8 +416,8 @@ def _requests(
     ids: list[int] | None,
     first_request_id: int,
     window: str,
-) -> list[Request]:
-    requests: list[Request] = []
+) -> list[RequestSpec]:
+    requests: list[RequestSpec] = []
     kept = sum(1 for arrival in times if arrival is not None)
     if ids is None and kept and first_request_id + kept - 1 > MAX_TIME_US:
         raise TraceOverflowError(
@@ -439,7 +439,7 @@ def _requests(
                 line=lines[index],
             )
         request_id = first_request_id + len(requests) if ids is None else ids[index]
-        requests.append(Request(request_id, arrival, prompts[index], outputs[index]))
+        requests.append(RequestSpec(request_id, arrival, prompts[index], outputs[index]))
     if not requests:
         raise TraceError(source, f"the window {window} selects none of the {len(order)} rows")
     return requests
@@ -458,8 +458,8 @@ def read_azure_trace(
     window_start_s: float | int | Decimal | Fraction | None = None,
     window_duration_s: float | int | Decimal | Fraction | None = None,
     first_request_id: int = 0,
-) -> list[Request]:
-    """Read an Azure LLM inference trace into pristine requests, sorted by arrival.
+) -> list[RequestSpec]:
+    """Read an Azure LLM inference trace into request specs, sorted by arrival.
 
     Columns: ``TIMESTAMP`` (``YYYY-MM-DD HH:MM:SS[.fraction]``, any number of fractional
     digits, read exactly; an optional UTC offset such as ``+00:00`` is honoured, see
@@ -516,8 +516,8 @@ def read_plain_trace(
     window_start_us: int | None = None,
     window_duration_us: int | None = None,
     first_request_id: int = 0,
-) -> list[Request]:
-    """Read a plain trace into pristine requests, sorted by arrival.
+) -> list[RequestSpec]:
+    """Read a plain trace into request specs, sorted by arrival.
 
     Columns: ``arrival_time_us``, ``prompt_token_count``, ``max_output_tokens`` and an
     optional ``request_id``, all non-negative integers. Arrival times are absolute
@@ -580,8 +580,8 @@ def read_mooncake_trace(
     time_scale: float | int | Decimal | Fraction = 1.0,
     first_request_id: int = 0,
     block_hashes: bool = True,
-) -> list[Request]:
-    """Read a Mooncake trace (JSON lines) into pristine requests with block hashes.
+) -> list[RequestSpec]:
+    """Read a Mooncake trace (JSON lines) into request specs with block hashes.
 
     Each line is an object with ``timestamp`` (milliseconds, an integer or a decimal
     number, read exactly), ``input_length`` (the prompt), ``output_length`` (the output
@@ -673,7 +673,7 @@ def read_mooncake_trace(
     if not offsets:
         raise TraceError(source, "the trace holds no request")
     order = sorted(range(len(offsets)), key=offsets.__getitem__)
-    requests: list[Request] = []
+    requests: list[RequestSpec] = []
     for index in order:
         exact = offsets[index] * 1000 / scale
         arrival = _round_half_even(exact.numerator, exact.denominator)
@@ -691,6 +691,6 @@ def read_mooncake_trace(
             )
         keys = hashes[index] if block_hashes else None
         requests.append(
-            Request(request_id, arrival, prompts[index], outputs[index], block_hashes=keys)
+            RequestSpec(request_id, arrival, prompts[index], outputs[index], block_hashes=keys)
         )
     return requests

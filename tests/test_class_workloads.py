@@ -198,7 +198,7 @@ def test_a_mix_runs_on_an_engine_and_its_frame_has_the_classes(
 def test_a_one_class_mix_draws_what_its_open_loop_workload_would() -> None:
     # The class's own seed is a child of the mix's seed; with it, the class is exactly
     # an OpenLoopWorkload, so every property of those carries over.
-    from simsim.workloads import _class_seed
+    from simsim.workloads.classes import _class_seed
 
     mix = ClassMix([chat()])
     plain = OpenLoopWorkload(PoissonArrivals(5.0), Uniform(10, 100), Uniform(1, 50), 40)

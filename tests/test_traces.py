@@ -61,7 +61,8 @@ def test_azure_trace_maps_columns_and_exact_microseconds(tmp_path: Path) -> None
         (1, 319_410, 396, 109),
         (2, 1_442_867, 879, 0),  # 1.4428667 s -> nearest microsecond
     ]
-    assert all(r.is_pristine for r in requests)
+    # Values, not engine-owned objects: any number of engines can replay the same list.
+    assert all(type(r) is simsim.RequestSpec for r in requests)
     assert all(type(r.arrival_time_us) is int for r in requests)
 
 

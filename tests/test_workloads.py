@@ -27,6 +27,7 @@ from simsim.workloads import (
     PoissonArrivals,
     Uniform,
     check_seed,
+    submit_with_deadlines,
 )
 
 COUNT = 20_000
@@ -503,10 +504,8 @@ def test_generated_workload_is_checked_before_anything_is_submitted(
     generated = WORKLOAD.generate(3)
     first = simsim.SimulationEngine(backend)
     generated.submit_to(first)
-    second = simsim.SimulationEngine(backend)
-    with pytest.raises(ValueError, match="already submitted"):
-        generated.submit_to(second)
-    assert len(second.requests) == 0
+    with pytest.raises(ValueError, match="already submitted to this engine"):
+        generated.submit_to(first)
     third = simsim.SimulationEngine(backend)
     third.submit(simsim.Request(4, 0, 1, 1))
     with pytest.raises(ValueError, match="request 4 was already submitted"):
@@ -646,3 +645,50 @@ def test_a_horizon_the_users_start_at_or_after_is_refused(
     with pytest.raises(ValueError, match=r"horizon_us 5000 is not after the time the users start"):
         workload.start(engine.env, engine, seed=0)
     assert not engine.requests
+
+
+def test_one_generated_workload_feeds_any_number_of_engines(
+    backend: simsim.SimulatedBackend,
+) -> None:
+    # The workload yields specs; each engine makes its own requests of them at submit.
+    generated = OpenLoopWorkload(
+        PoissonArrivals(4_000), Uniform(10, 100), Uniform(1, 20), 50, patience=Exponential(600)
+    ).generate(8)
+    assert all(type(spec) is simsim.RequestSpec for spec in generated.requests)
+    engines = [simsim.SimulationEngine(backend) for _ in range(2)]
+    for engine in engines:
+        generated.submit_to(engine)
+        engine.run()
+    first, second = (engine.requests_frame() for engine in engines)
+    assert first.equals(second)
+    assert engines[0].requests[0] is not engines[1].requests[0]
+
+
+def test_submit_with_deadlines_submits_first_then_cancels_in_the_order_given(
+    backend: simsim.SimulatedBackend,
+) -> None:
+    # Scenarios and generated workloads both submit through this one function.
+    engine = simsim.SimulationEngine(backend)
+    submitted: list[int] = []
+
+    def submit(request: simsim.RequestSpec | simsim.Request) -> None:
+        submitted.append(request.request_id)
+        engine.submit(request)
+
+    specs = [simsim.RequestSpec(rid, 0, 50, 10) for rid in range(3)]
+    # Request 0 would finish at 300 us: a deadline at 300 wins the tie; request 1 is
+    # cancelled while queued; request 2 finished long before its deadline.
+    submit_with_deadlines(engine, specs, [(300, 0), (100, 1), (10_000, 2)], submit=submit)
+    assert submitted == [0, 1, 2]
+    engine.run()
+    states = {rid: request.state.name for rid, request in engine.requests.items()}
+    assert states == {0: "CANCELLED", 1: "CANCELLED", 2: "FINISHED"}
+    assert (engine.requests[0].finish_time_us, engine.requests[1].finish_time_us) == (300, 100)
+
+
+def test_the_scenario_runner_has_no_submission_loop_of_its_own() -> None:
+    import simsim.scenario.run as run
+    import simsim.workloads.submission as submission
+
+    assert not hasattr(run, "_canceller")
+    assert run.submit_with_deadlines is submission.submit_with_deadlines

@@ -52,7 +52,7 @@ from simsim.errors import (
     UnknownRequestError,
 )
 from simsim.records import EventLog, EventType
-from simsim.request import Request, RequestState
+from simsim.request import Request, RequestSpec, RequestState, submitted_request
 from simsim.wording import counted
 
 if TYPE_CHECKING:
@@ -377,14 +377,15 @@ class Cluster:
 
     # ------------------------------------------------------------------ driving
 
-    def submit(self, request: Request) -> Request:
+    def submit(self, request: Request | RequestSpec) -> Request:
         """Hand a pristine *request* to the cluster; it is routed at its arrival time.
 
         The same checks as an engine's ``submit`` (id new to the cluster), plus every
         replica the request could be routed to must be able to run it; ``ValueError``
         (``TypeError`` for a non-:class:`Request`) and nothing changes otherwise.
-        Returns the same object.
+        Returns the same object (a :class:`RequestSpec` becomes a new such request).
         """
+        request = submitted_request(request)
         self._check_alive()
         if not isinstance(request, Request):
             raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")

@@ -45,11 +45,10 @@ from simsim.records import (
     EventType,
     RecordView,
 )
-from simsim.request import Request, RequestState
+from simsim.request import Request, RequestSpec, RequestState, request_spec, submitted_request
 from simsim.scheduler import (
     AdmissionDecision,
     FcfsScheduler,
-    QueuedRequest,
     Scheduler,
     SchedulerStats,
 )
@@ -366,14 +365,16 @@ class EngineBase(ABC):
 
     # ------------------------------------------------------------------ driving
 
-    def submit(self, request: Request) -> Request:
+    def submit(self, request: Request | RequestSpec) -> Request:
         """Hand a pristine *request* to the engine and schedule its arrival.
 
         The request must be ``WAITING`` with no tokens and no timestamps, its id new to
         this engine, and its arrival no earlier than ``now_us``; otherwise ``ValueError``
         (``TypeError`` for a non-:class:`Request`) and nothing changes. Returns the same
-        object, which the engine updates from now on.
+        object, which the engine updates from now on (a :class:`RequestSpec` becomes a
+        new such request).
         """
+        request = submitted_request(request)
         if self._failure is not None:
             self._check_alive()
         if self._cluster is not None:
@@ -747,26 +748,8 @@ class EngineBase(ABC):
         event.succeed(request)
 
 
-def queued_request(request: Request) -> QueuedRequest:
-    """What the scheduler may know of *request*: its id, arrival, size and metadata."""
-    if not request.has_metadata:
-        return QueuedRequest(
-            request.request_id,
-            request.arrival_time_us,
-            request.prompt_token_count,
-            request.max_output_tokens,
-        )
-    return QueuedRequest(
-        request.request_id,
-        request.arrival_time_us,
-        request.prompt_token_count,
-        request.max_output_tokens,
-        request_class=request.request_class,
-        tenant=request.tenant,
-        priority=request.priority,
-        deadline_us=request.deadline_us,
-        tags=request.tags,
-    )
+queued_request = request_spec
+"""What the scheduler may know of a request: :func:`simsim.request.request_spec`."""
 
 
 def unused_block_hashes(request_id: int, why: str) -> str:

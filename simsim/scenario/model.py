@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from simsim.cluster import (
 from simsim.engines import BatchingEngine, KvCacheConfig
 from simsim.engines.base import EngineBase
 from simsim.registry import Registry
-from simsim.request import Request
+from simsim.request import RequestSpec
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.engine_kinds import ENGINE_KINDS, EngineBuilder, EngineKind
 from simsim.scheduler import Scheduler
@@ -98,53 +98,6 @@ the signatures in :data:`simsim.schedulers.SCHEDULERS` (registered policies incl
 SCHEDULERS = tuple(SCHEDULER_FACTORIES)
 """The built-in scheduler names, in the order the docs list them (registered policies
 are in :data:`simsim.schedulers.SCHEDULERS`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestSpec:
-    """One request of a scenario, before it becomes a :class:`Request`."""
-
-    request_id: int
-    arrival_time_us: int
-    prompt_token_count: int
-    max_output_tokens: int
-    block_hashes: tuple[Hashable, ...] | None = None
-    request_class: str | None = None
-    tenant: str | None = None
-    priority: int = 0
-    deadline_us: int | None = None
-    tags: Mapping[str, Any] | None = None
-
-    @classmethod
-    def of(cls, request: Request) -> RequestSpec:
-        """The spec of an existing request (its size, arrival, block hashes, metadata)."""
-        return cls(
-            request.request_id,
-            request.arrival_time_us,
-            request.prompt_token_count,
-            request.max_output_tokens,
-            request.block_hashes,
-            request.request_class,
-            request.tenant,
-            request.priority,
-            request.deadline_us,
-            request.tags,
-        )
-
-    def to_request(self) -> Request:
-        """A fresh pristine :class:`Request` with these fields."""
-        return Request(
-            self.request_id,
-            self.arrival_time_us,
-            self.prompt_token_count,
-            self.max_output_tokens,
-            block_hashes=self.block_hashes,
-            request_class=self.request_class,
-            tenant=self.tenant,
-            priority=self.priority,
-            deadline_us=self.deadline_us,
-            tags=self.tags,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,7 +429,7 @@ class Scenario:
                     + counted(len(generated.requests), "request", grouped=True)
                 ),
             ):
-                specs.extend(RequestSpec.of(request) for request in generated.requests)
+                specs.extend(generated.requests)
         seen: set[int] = set()
         for spec in specs:
             if spec.request_id in seen:

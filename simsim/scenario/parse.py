@@ -187,18 +187,26 @@ def parse_scenario(
             request_class = check.string(row, "request_class", where)
             if not request_class:
                 raise check.fail(f"{where}.request_class", "must be a non-empty string")
-        specs.append(
-            RequestSpec(
-                check.integer(row, "request_id", where),
-                check.time(row, "arrival_time_us", where),
-                check.integer(row, "prompt_token_count", where),
-                check.integer(row, "max_output_tokens", where),
-                block_hashes=_block_hashes(check, row, where, names_allowed, prefix_cache),
-                request_class=request_class,
-                deadline_us=check.optional_time(row, "deadline_us", where),
-                **parse_metadata(check, row, where),
-            )
+        sizes = (
+            check.integer(row, "request_id", where),
+            check.time(row, "arrival_time_us", where),
+            check.integer(row, "prompt_token_count", where),
+            check.integer(row, "max_output_tokens", where),
         )
+        block_hashes = _block_hashes(check, row, where, names_allowed, prefix_cache)
+        deadline_us = check.optional_time(row, "deadline_us", where)
+        metadata = parse_metadata(check, row, where)
+        try:
+            spec = RequestSpec(
+                *sizes,
+                block_hashes=block_hashes,
+                request_class=request_class,
+                deadline_us=deadline_us,
+                **metadata,
+            )
+        except ValueError as error:  # a repeated block hash: refused as submit refused it
+            raise ScenarioError(check.source, f"request {sizes[0]}", str(error)) from None
+        specs.append(spec)
 
     if "trace" in data:
         trace = check.table(data, "trace", "trace")

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from simsim.cluster import Cluster, DisaggregatedCluster
+from simsim.request import Request
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.model import RequestSpec, Scenario, Server
 from simsim.wording import counted
-from simsim.workloads import ClosedLoopWorkload
+from simsim.workloads import ClosedLoopWorkload, submit_with_deadlines
 
 __all__ = ["check_scenario", "run_scenario"]
 
@@ -32,15 +33,12 @@ def run_scenario(
     say) raises :class:`ScenarioError` naming it, before anything runs.
     """
     specs = scenario.all_requests()
-    engine = _submitted(scenario, specs)
-    env = engine.env
     deadlines = [(c.time_us, c.request_id) for c in scenario.cancellations]
     generated = scenario.generated()
     if generated is not None:
         deadlines.extend(generated.cancellations)
-    for time_us, request_id in sorted(deadlines):
-        timer = env.timeout(time_us - env.now)
-        timer.callbacks.append(_canceller(engine, request_id))
+    engine = _submitted(scenario, specs, sorted(deadlines))
+    env = engine.env
     if isinstance(scenario.workload, ClosedLoopWorkload):
         scenario.workload.start(env, engine, scenario.seed)
     total = max(len(specs), 1)
@@ -77,7 +75,7 @@ def check_scenario(scenario: Scenario) -> list[RequestSpec]:
     are not checked here.
     """
     specs = scenario.all_requests()
-    _submitted(scenario, specs)
+    _submitted(scenario, specs, ())
     return specs
 
 
@@ -92,21 +90,26 @@ def _admitted_counter(engine: Server) -> Callable[[], int]:
     return lambda: sum(len(replica.admission_log) for replica in replicas)
 
 
-def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> Server:
-    """A new engine (or cluster) for *scenario* with every one of *specs* submitted,
-    not yet run."""
+def _submitted(
+    scenario: Scenario, specs: list[RequestSpec], deadlines: Sequence[tuple[int, int]]
+) -> Server:
+    """A new engine (or cluster) for *scenario* with every one of *specs* submitted and
+    *deadlines* scheduled, not yet run."""
     engine = scenario.build()
     submitting = f"submitting the scenario's {counted(len(specs), 'request', grouped=True)}"
+
+    def submit(spec: RequestSpec | Request) -> None:
+        _submit(scenario, engine, spec)
+
     with out_of_memory_while(scenario.source, lambda: submitting):
-        for spec in specs:
-            _submit(scenario, engine, spec)
+        submit_with_deadlines(engine, specs, deadlines, submit=submit)
     return engine
 
 
-def _submit(scenario: Scenario, engine: Server, spec: RequestSpec) -> None:
+def _submit(scenario: Scenario, engine: Server, spec: RequestSpec | Request) -> None:
     """Submit *spec*'s request; a refusal becomes a :class:`ScenarioError` naming it."""
     try:
-        engine.submit(spec.to_request())
+        engine.submit(spec)
     except (ValueError, OverflowError) as error:
         key = f"request {spec.request_id}"
         message = str(error)
@@ -116,11 +119,3 @@ def _submit(scenario: Scenario, engine: Server, spec: RequestSpec) -> None:
             message = f"{rest.removeprefix(f'{key} ')} (on {head})"
         rule = message.removeprefix(f"{key} ")
         raise ScenarioError(scenario.source, key, rule) from None
-
-
-def _canceller(engine: Server, request_id: int) -> Callable[[Any], None]:
-    def cancel(_event: Any) -> None:
-        if not engine.requests[request_id].is_terminal:
-            engine.cancel_request(request_id)
-
-    return cancel

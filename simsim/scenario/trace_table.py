@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from simsim.request import Request
 from simsim.scenario.checker import TomlChecker, from_trace_error, out_of_memory_while
 from simsim.scenario.model import RequestSpec
 from simsim.traces import (
@@ -77,7 +76,7 @@ def parse_trace(
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail("trace", str(error)) from None
-    return [RequestSpec.of(request) for request in requests]
+    return requests
 
 
 def _read(
@@ -88,7 +87,7 @@ def _read(
     time_scale: float,
     first: int,
     prefix_cache: bool,
-) -> list[Request]:
+) -> list[RequestSpec]:
     """The trace's requests, read in its format with the table's options."""
     if fmt == "plain":
         return read_plain_trace(
@@ -126,4 +125,4 @@ def read_trace_csv(path: str | Path, *, first_request_id: int = 0) -> list[Reque
         requests = read_plain_trace(path, first_request_id=first_request_id)
     except TraceError as error:
         raise from_trace_error(error) from None
-    return [RequestSpec.of(request) for request in requests]
+    return requests
