@@ -28,6 +28,7 @@ __all__ = [
     "check_positive_int",
     "check_real",
     "check_weight",
+    "closest",
     "did_you_mean",
     "overflow",
 ]
@@ -75,12 +76,15 @@ def check_positive_int(value: object, name: str) -> int:
     return check_int(value, name, minimum=1)
 
 
-def check_real(value: object, name: str, *, unit: str = "", keep_int: bool = False) -> float:
+def check_real(
+    value: object, name: str, *, unit: str = "", keep_int: bool = False, positive: bool = False
+) -> float:
     """*value* as a finite real number ``>= 0``, or raise naming *name*.
 
     ``bool`` and non-numbers raise ``TypeError`` (``"<name> must be a number<unit>"``);
     NaN, infinities and negatives raise ``ValueError`` (``"<name> must be a finite
-    number >= 0<unit>"``). *unit* (``" microseconds"``) follows the rule in both. The
+    number >= 0<unit>"``, or ``> 0`` with *positive*: a rate, a mean). *unit*
+    (``" microseconds"``) follows the rule in both. The
     result is a ``float``, or with *keep_int* an ``int`` when *value* is an integer (an
     order key stays exact).
     """
@@ -92,8 +96,9 @@ def check_real(value: object, name: str, *, unit: str = "", keep_int: bool = Fal
         number = int(operator.index(value))  # type: ignore[arg-type]
     else:
         number = float(value)
-    if not (number >= 0 and math.isfinite(number)):
-        raise ValueError(f"{name} must be a finite number >= 0{unit}, got {value!r}")
+    if not ((number > 0 if positive else number >= 0) and math.isfinite(number)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}{unit}, got {value!r}")
     return number
 
 
@@ -102,12 +107,19 @@ def check_weight(value: object, name: str) -> float:
     return check_real(value, name)
 
 
+def closest(name: object, choices: Iterable[str]) -> str | None:
+    """The one of *choices* closest to *name* if any is close (a likely misspelling),
+    else ``None``: the guess behind every did-you-mean."""
+    if not isinstance(name, str):
+        return None
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return close[0] if close else None
+
+
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """``" (did you mean 'fcfs'?)"`` when one of *choices* is close to *name*, else ``""``."""
-    if not isinstance(name, str):
-        return ""
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    guess = closest(name, choices)
+    return f" (did you mean {guess!r}?)" if guess is not None else ""
 
 
 def check_choice(value: object, what: str, choices: Iterable[str], *, known: str = "") -> str:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import difflib
 import functools
 import io
 import json
@@ -48,6 +47,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Final, TextIO
 
+from simsim.checks import closest
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.request import RequestSpec
 
@@ -386,9 +386,9 @@ def _did_you_mean(missing: list[str], present: list[str]) -> str:
     """`` (did you mean 'prompt_tokens' for 'prompt_token_count'?)``, or ``""``."""
     guesses = []
     for name in missing:
-        close = difflib.get_close_matches(name, present, n=1)
-        if close:
-            guesses.append(f"{close[0]!r} for {name!r}")
+        guess = closest(name, present)
+        if guess is not None:
+            guesses.append(f"{guess!r} for {name!r}")
     return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
 
 
@@ -687,7 +687,9 @@ def read_mooncake_trace(
         request_id = first_request_id + len(requests)
         if request_id > MAX_TIME_US:
             raise TraceOverflowError(
-                source, f"request id {request_id} is past 2**63 - 1", argument="first_request_id"
+                source,
+                f"request id {request_id} is past the 64-bit limit 2**63 - 1",
+                argument="first_request_id",
             )
         keys = hashes[index] if block_hashes else None
         requests.append(

@@ -217,7 +217,7 @@ BAD_CLASSES = [
         "rate_per_s = 50.0",
         "rate_per_s = -1.0",
         "workload.classes[0] (chat).rate_per_s",
-        "must be > 0, got -1.0",
+        "must be a finite number > 0, got -1.0",
         id="negative-rate",
     ),
     pytest.param(

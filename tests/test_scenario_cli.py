@@ -281,13 +281,13 @@ BAD_SCENARIOS = [
     pytest.param(
         WORKLOAD.replace("rate_per_s = 100.0", "rate_per_s = 0"),
         "workload.rate_per_s",
-        "must be > 0",
+        "must be a finite number > 0",
         id="zero-rate",
     ),
     pytest.param(
         WORKLOAD.replace("rate_per_s = 100.0", "rate_per_s = -2.5"),
         "workload.rate_per_s",
-        "must be > 0, got -2.5",
+        "must be a finite number > 0, got -2.5",
         id="negative-rate",
     ),
     pytest.param(

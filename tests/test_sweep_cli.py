@@ -948,7 +948,7 @@ BAD_SWEEPS = [
         + CAPACITY.replace("high = 8.0", "high = -2.0").replace("low = 1.0", "low = -4.0")
         + GOOD_BASE,
         "workload.rate_per_s",
-        "must be > 0",
+        "must be a finite number > 0",
         id="capacity-bounds-make-the-scenario-invalid",
     ),
     pytest.param(

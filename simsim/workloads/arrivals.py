@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from simsim.checks import check_real
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.workloads.base import (
     _FLOAT_LIMIT,
     IntArray,
-    _real,
     _set,
 )
 
@@ -53,7 +53,7 @@ class PoissonArrivals:
     """Mean arrivals per simulated second (> 0)."""
 
     def __post_init__(self) -> None:
-        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
+        _set(self, "rate_per_s", check_real(self.rate_per_s, "rate_per_s", positive=True))
 
     def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
         """*count* arrival times after *start_us* (``int64``, non-decreasing)."""
@@ -80,8 +80,8 @@ class GammaArrivals:
     """Coefficient of variation (standard deviation / mean) of the gaps (> 0)."""
 
     def __post_init__(self) -> None:
-        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
-        _set(self, "cv", _real(self.cv, "cv", positive=True))
+        _set(self, "rate_per_s", check_real(self.rate_per_s, "rate_per_s", positive=True))
+        _set(self, "cv", check_real(self.cv, "cv", positive=True))
         squared = self.cv * self.cv
         # shape = 1 / cv**2 and scale = mean gap * cv**2 must both be positive finite floats.
         if not (0 < squared < math.inf and 1 / squared < math.inf):
@@ -118,7 +118,7 @@ class FixedRateArrivals:
     """Arrivals per simulated second (> 0)."""
 
     def __post_init__(self) -> None:
-        _set(self, "rate_per_s", _real(self.rate_per_s, "rate_per_s", positive=True))
+        _set(self, "rate_per_s", check_real(self.rate_per_s, "rate_per_s", positive=True))
 
     def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
         """*count* arrival times after *start_us* (``int64``, non-decreasing); *rng* is unused."""

@@ -3,14 +3,12 @@ protocols of arrival processes and length distributions."""
 
 from __future__ import annotations
 
-import math
-import numbers
-import operator
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from simsim.checks import check_int
 from simsim.clock import check_count
 
 __all__ = [
@@ -60,35 +58,9 @@ def check_request_count(value: object, name: str) -> int:
 
 
 def check_seed(seed: object) -> int:
-    """Return *seed* as a plain ``int``: a non-negative integer (NumPy integers accepted).
-
-    ``bool`` and non-integers raise ``TypeError``; negative values raise ``ValueError``.
-    """
-    if isinstance(seed, bool):
-        raise TypeError(f"seed must be a non-negative int, got bool {seed!r}")
-    try:
-        value = int(operator.index(seed))  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"seed must be a non-negative int, got {type(seed).__name__} {seed!r}"
-        ) from None
-    if value < 0:
-        raise ValueError(f"seed must be >= 0, got {value}")
-    return value
-
-
-def _real(value: object, name: str, *, positive: bool) -> float:
-    """A finite real number as ``float``: > 0 when *positive*, else >= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ValueError(f"{name} must be finite, got {result!r}")
-    if positive and result <= 0:
-        raise ValueError(f"{name} must be > 0, got {result!r}")
-    if result < 0:
-        raise ValueError(f"{name} must be >= 0, got {result!r}")
-    return result
+    """Return *seed* as a plain ``int`` from 0 to ``2**63 - 1`` (NumPy integers accepted):
+    :func:`simsim.checks.check_int`'s rule and messages."""
+    return check_int(seed, "seed")
 
 
 def _distribution(value: object, name: str) -> LengthDistribution:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from simsim.checks import check_real
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.request import RequestSpec
 from simsim.workloads.base import (
@@ -21,7 +22,6 @@ from simsim.workloads.base import (
     ArrivalProcess,
     LengthDistribution,
     _distribution,
-    _real,
     _set,
     check_request_count,
     check_seed,
@@ -104,7 +104,7 @@ class RequestClass:
         if self.count is not None:
             _set(self, "count", check_request_count(self.count, f"{where}: count"))
         if self.share is not None:
-            _set(self, "share", _real(self.share, f"{where}: share", positive=True))
+            _set(self, "share", check_real(self.share, f"{where}: share", positive=True))
         _optional_name(self.tenant, f"{where}: tenant")
         if isinstance(self.priority, bool) or not hasattr(type(self.priority), "__index__"):
             raise TypeError(f"{where}: priority must be an int, got {self.priority!r}")
@@ -126,7 +126,7 @@ class RequestClass:
         for key in ("ttft_slo_us", "tpot_slo_us"):
             value = getattr(self, key)
             if value is not None:
-                _set(self, key, _real(value, f"{where}: {key}", positive=False))
+                _set(self, key, check_real(value, f"{where}: {key}", positive=False))
 
     @property
     def slo_target(self) -> tuple[float | None, float | None]:

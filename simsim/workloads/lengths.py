@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from simsim.checks import check_real
 from simsim.clock import check_count
 from simsim.traces import TraceError, TracePath, parse_count, parse_weight, read_table
 from simsim.workloads.base import (
     _FLOAT_LIMIT,
     IntArray,
-    _real,
     _set,
 )
 
@@ -97,8 +97,8 @@ class LogNormal:
     """Largest value returned, or ``None`` for no upper clip."""
 
     def __post_init__(self) -> None:
-        _set(self, "mean", _real(self.mean, "mean", positive=True))
-        _set(self, "cv", _real(self.cv, "cv", positive=False))
+        _set(self, "mean", check_real(self.mean, "mean", positive=True))
+        _set(self, "cv", check_real(self.cv, "cv", positive=False))
         if not self.cv * self.cv < math.inf:
             # log(1 + cv**2) would be infinite and every draw NaN.
             raise ValueError(
@@ -138,7 +138,7 @@ class Exponential:
     """Largest value returned, or ``None`` for no upper clip."""
 
     def __post_init__(self) -> None:
-        _set(self, "mean", _real(self.mean, "mean", positive=True))
+        _set(self, "mean", check_real(self.mean, "mean", positive=True))
         low, high = _bounds(self.low, self.high)
         _set(self, "low", low)
         _set(self, "high", high)
@@ -188,7 +188,7 @@ class Empirical:
                 f"weights must be a sequence of numbers or None, got {type(self.weights).__name__}"
             )
         weights = tuple(
-            _real(w, f"weights[{i}]", positive=False) for i, w in enumerate(self.weights)
+            check_real(w, f"weights[{i}]", positive=False) for i, w in enumerate(self.weights)
         )
         if len(weights) != len(values):
             raise ValueError(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simsim.checks import check_real
 from simsim.clock import MAX_TIME_US, check_count, check_time_us
 from simsim.engines.batching import KvCacheConfig
 from simsim.request import RequestSpec
@@ -15,7 +16,6 @@ from simsim.workloads.base import (
     ArrivalProcess,
     LengthDistribution,
     _distribution,
-    _real,
     _set,
     check_request_count,
     check_seed,
@@ -66,7 +66,7 @@ class SharedPrefixes:
             check_count(self.block_size_tokens, "block_size_tokens", minimum=1),
         )
         if self.weights is not None:
-            weights = tuple(_real(w, "weight", positive=False) for w in self.weights)
+            weights = tuple(check_real(w, "weight", positive=False) for w in self.weights)
             if len(weights) != len(lengths) or not sum(weights) > 0:
                 raise ValueError(
                     f"weights must give one non-negative weight per prefix ({len(lengths)}) "
