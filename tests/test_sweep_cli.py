@@ -1330,7 +1330,9 @@ def run_on_a_terminal(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int,
     stdout, terminal = io.StringIO(), FakeTerminal()
     monkeypatch.setattr(sys, "stdout", stdout)
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(cli, "ProgressBar", functools.partial(cli.ProgressBar, delay_s=0.0))
+    monkeypatch.setattr(
+        "simsim.cli.sweep.ProgressBar", functools.partial(cli.ProgressBar, delay_s=0.0)
+    )
     code = main(list(argv))
     monkeypatch.undo()
     return code, stdout.getvalue(), terminal.getvalue()
