@@ -15,7 +15,14 @@ from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.engines import BatchingEngine
 from simsim.engines.base import EngineBase
 from simsim.request import RequestState
-from simsim.results import NO_CLASS, class_summary
+from simsim.results import (
+    batch_summary,
+    class_summary,
+    latency_counts,
+    prefix_cache_summary,
+    replica_requests,
+    transfer_summary,
+)
 from simsim.scenario import (
     Scenario,
 )
@@ -74,41 +81,41 @@ def batching_lines(
     frames with a ``replica`` column) they are over every replica's iterations, and KV
     memory is each replica's share of its own cache.
     """
-    preemptions = int((events["event_type"] == "REQUEST_PREEMPTED").sum())
-    ran = iterations[~iterations["abandoned"]]
-    weights = (ran["end_us"] - ran["start_us"]).astype("float64")
-    head = f"batching      {counted(len(iterations), 'iteration')}"
-    preempted = counted(preemptions, "preemption")
-    if ran.empty or weights.sum() <= 0:
-        return [f"{head}, {preempted}"]
-    batch = float((ran["batch_size"] * weights).sum() / weights.sum())
-    lines = [f"{head}, {batch:.2f} requests per batch on average, {preempted}"]
     servers = [(i, r) for i, r in enumerate(replicas) if isinstance(r, BatchingEngine)]
     blocks = {i: r.kv_cache.total_blocks for i, r in servers if r.kv_cache is not None}
-    if len(replicas) == 1 and blocks:
-        total = blocks[0]
-        used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
-        peak = int(ran["kv_blocks_in_use"].max())
-        lines.append(
-            f"KV cache      {used / total:.1%} of {counted(total, 'block')} "
-            f"in use on average, {peak / total:.1%} at the peak"
-        )
-    elif blocks:
-        held = ran["kv_blocks_in_use"] / ran["replica"].map(blocks).astype("float64")
-        used = float((held * weights).sum() / weights.sum())
-        lines.append(
-            f"KV cache      {used:.1%} of a replica's blocks in use on average, "
-            f"{float(held.max()):.1%} at the peak ({counted(sum(blocks.values()), 'block')} "
-            "in all)"
-        )
+    kv_blocks: int | dict[int, int] | None = None
+    if blocks:
+        kv_blocks = blocks[0] if len(replicas) == 1 else blocks
+    load = batch_summary(iterations, events, kv_blocks=kv_blocks)
+    head = f"batching      {counted(int(load['iterations']), 'iteration')}"
+    preempted = counted(int(load["preemptions"]), "preemption")
+    if pd.isna(load["mean_batch_size"]):
+        return [f"{head}, {preempted}"]
+    batch = load["mean_batch_size"]
+    lines = [f"{head}, {batch:.2f} requests per batch on average, {preempted}"]
+    if kv_blocks is not None:
+        used, peak = load["kv_cache_use_mean"], load["kv_cache_use_peak"]
+        total = int(load["kv_cache_blocks"])
+        if isinstance(kv_blocks, int):
+            lines.append(
+                f"KV cache      {used:.1%} of {counted(total, 'block')} "
+                f"in use on average, {peak:.1%} at the peak"
+            )
+        else:
+            lines.append(
+                f"KV cache      {used:.1%} of a replica's blocks in use on average, "
+                f"{peak:.1%} at the peak ({counted(total, 'block')} in all)"
+            )
     if any(r.prefix_cache for _, r in servers):
-        prompts = int(requests["prompt_token_count"].sum())
-        cached = int(requests["cached_prompt_tokens"].sum())
-        hit = int((requests["cached_prompt_tokens"] > 0).sum())
-        share = f"{cached / prompts:.1%}" if prompts else "n/a (no prompt tokens)"
+        cache = prefix_cache_summary(requests)
+        share = (
+            "n/a (no prompt tokens)"
+            if pd.isna(cache["hit_rate_tokens"])
+            else f"{cache['hit_rate_tokens']:.1%}"
+        )
         lines.append(
             f"prefix cache  {share} of prompt tokens served from the cache; "
-            f"{hit} of {counted(len(requests), 'request')} hit it"
+            f"{int(cache['hit_requests'])} of {counted(len(requests), 'request')} hit it"
         )
     return lines
 
@@ -124,32 +131,17 @@ def cluster_lines(
     per pool: the spread of the replicas' utilisation."""
     assert scenario.cluster is not None
     lines = [f"cluster       {scenario.cluster.describe()}"]
-    finished = requests["state"] == "FINISHED"
-
-    def per_replica(column: str, where: pd.Series | None = None) -> dict[int, int]:
-        # One count over the table, not a comparison per replica: fleets are large.
-        chosen = requests[column] if where is None else requests[column][where]
-        counts = chosen.dropna().astype("int64").value_counts()
-        return dict(zip(counts.index.tolist(), counts.tolist(), strict=True))
-
-    rows: list[tuple[str, int, str, int]] = []
+    disaggregated = isinstance(cluster, DisaggregatedCluster)
+    counts: int | tuple[int, int] = len(cluster.replicas)
     if isinstance(cluster, DisaggregatedCluster):
-        count = len(cluster.prefill_replicas)
-        prefilled = per_replica("prefill_replica")
-        handed = per_replica("prefill_replica", requests["decode_replica"].notna())
-        decoded = per_replica("decode_replica")
-        done = per_replica("decode_replica", finished)
-        for index in range(len(cluster.replicas)):
-            if index < count:
-                routed = prefilled.get(index, 0)
-                rows.append(("prefill ", routed, "handed to decode", handed.get(index, 0)))
-            else:
-                routed = decoded.get(index, 0)
-                rows.append(("decode ", routed, "finished", done.get(index, 0)))
-    else:
-        routed_to, done = per_replica("replica"), per_replica("replica", finished)
-        for index in range(len(cluster.replicas)):
-            rows.append(("", routed_to.get(index, 0), "finished", done.get(index, 0)))
+        counts = (len(cluster.prefill_replicas), len(cluster.decode_replicas))
+    rows: list[tuple[str, int, str, int]] = []
+    for row in replica_requests(requests, replicas=counts).to_dict("records"):
+        if row["pool"] == "prefill":
+            rows.append(("prefill ", row["routed"], "handed to decode", row["handed_off"]))
+        else:
+            role = "decode " if disaggregated else ""
+            rows.append((role, row["routed"], "finished", row["finished"]))
     if len(rows) <= _REPLICA_LINES:
         lines.extend(
             f"{f'replica {i}':<14}{role}{routed} routed, {done} {what}"
@@ -157,7 +149,7 @@ def cluster_lines(
         )
     else:
         lines.extend(_replica_spread(rows))
-    pools = ("prefill_", "decode_") if isinstance(cluster, DisaggregatedCluster) else ("",)
+    pools = ("prefill_", "decode_") if disaggregated else ("",)
     for pool in pools:
         low = summary.get(f"{pool}replica_utilization_min")
         high = summary.get(f"{pool}replica_utilization_max")
@@ -172,14 +164,13 @@ def cluster_lines(
             f"{'balance':<14}{who}replicas busy {low:.1%} to {high:.1%} "
             f"of the time; busiest got {imbalance:.2f}x its fair share of requests"
         )
-    if "transfer_us" in requests:
-        moved = requests["transfer_us"].dropna()
-        if len(moved):
-            lines.append(
-                f"KV transfer   {counted(len(moved), 'transfer')}, "
-                f"mean {duration(float(moved.mean()))}, "
-                f"max {duration(float(moved.max()))}"
-            )
+    moved = transfer_summary(requests)
+    if moved["transfers"]:
+        lines.append(
+            f"KV transfer   {counted(int(moved['transfers']), 'transfer')}, "
+            f"mean {duration(moved['transfer_us_mean'])}, "
+            f"max {duration(moved['transfer_us_max'])}"
+        )
     return lines
 
 
@@ -222,8 +213,9 @@ def summary_table(summary: pd.DataFrame, requests: pd.DataFrame, server: Sequenc
     if "decode_queue_delay_us" in requests.columns:  # disaggregated: a queue per pool
         queue, *others = _LATENCY_ROWS
         latency_rows = (("queue_delay_us", "prefill queue", *queue[2:]), _DECODE_QUEUE_ROW, *others)
+    covered = latency_counts(requests)
     for column, label, covers, why_missing in latency_rows:
-        present = int(requests[column].notna().sum())
+        present = int(covered[column])
         if present == 0:
             lines.append(f"{label:<14}n/a ({why_missing})")
             continue
@@ -298,7 +290,6 @@ def class_lines(
     if by is None:
         return []
     table = class_summary(requests, by, slo=targets if by == "request_class" else None)
-    keys = requests[by].astype("object").where(requests[by].notna(), NO_CLASS)
     rejections = "rejection" in requests.columns  # an admission control ran
     width = max(14, *(len(str(name)) + 2 for name in table.columns))
     noun = "class" if by == "request_class" else "tenant"
@@ -309,7 +300,7 @@ def class_lines(
         values = table[name]
         rejected = ""
         if rejections:
-            rejected = f"{int(requests['rejection'][keys == name].notna().sum()):>10}"
+            rejected = f"{int(values['count_rejected']):>10}"
         cells = "".join(
             f"{'n/a' if pd.isna(values[key]) else duration(values[key]):>12}"
             for key in ("ttft_us_p50", "ttft_us_p99", "e2e_latency_us_p99")

@@ -15,13 +15,13 @@ from simsim.cli.report import (
 from simsim.cli.shared import (
     ProgressBar,
     building_tables,
-    replicas_of,
     run_output_folder,
     scenario_from_args,
     write_tables,
 )
 from simsim.cluster import Cluster
 from simsim.errors import SimulationError
+from simsim.results import server_replicas
 from simsim.run_folder import holds_a_run
 from simsim.scenario import (
     ScenarioError,
@@ -60,7 +60,7 @@ def execute(args: argparse.Namespace) -> int:
     if replacing:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
-    replicas = replicas_of(engine)
+    replicas = server_replicas(engine)
     server = (
         batching_lines(replicas, frames["iterations"], frames["events"], frames["requests"])
         if "iterations" in frames

@@ -20,6 +20,7 @@ from simsim.cli.shared import (
     write_tables,
 )
 from simsim.cli.usage import UsageError
+from simsim.results import summarize
 from simsim.scenario import (
     Scenario,
     ScenarioError,
@@ -122,15 +123,16 @@ def execute(args: argparse.Namespace) -> int:
         pass  # uvicorn has shut down cleanly; it re-raises the signal that stopped it
     finally:
         signal.signal(signal.SIGTERM, previous)
-    requests = engine.requests_frame()
-    states = requests["state"].value_counts()
-    finished, cancelled = states.get("FINISHED", 0), states.get("CANCELLED", 0)
+    counts = summarize(engine.requests_frame())["value"]
+    total, finished, cancelled = (
+        int(counts[row]) for row in ("requests", "count_FINISHED", "count_CANCELLED")
+    )
     rejected = ""
-    if "rejection" in requests:  # turned away by [admission]: answered 429, counted cancelled
-        rejected = f" of which {int(requests['rejection'].notna().sum())} rejected"
+    if "count_rejected" in counts:  # turned away by [admission]: answered 429, cancelled
+        rejected = f" of which {int(counts['count_rejected'])} rejected"
     print(
-        f"served {counted(len(requests), 'request')} ({finished} finished, {cancelled} "
-        f"cancelled{rejected}, {len(requests) - finished - cancelled} unfinished) in "
+        f"served {counted(total, 'request')} ({finished} finished, {cancelled} "
+        f"cancelled{rejected}, {total - finished - cancelled} unfinished) in "
         f"{engine.env.now / 1e6:.3f} simulated seconds"
     )
     if out is not None:

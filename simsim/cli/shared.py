@@ -17,10 +17,8 @@ import pandas as pd
 from simsim.backend import FittedBackendConfig
 from simsim.cli.usage import UsageError
 from simsim.clock import MAX_TIME_US
-from simsim.cluster import Cluster, DisaggregatedCluster
-from simsim.engines import BatchingEngine
-from simsim.engines.base import EngineBase
-from simsim.results import summarize
+from simsim.cluster import Cluster
+from simsim.results import run_tables
 from simsim.run_folder import write_run_folder
 from simsim.scenario import (
     Scenario,
@@ -129,42 +127,6 @@ def run_output_folder(args: argparse.Namespace) -> Path | None:
     return out
 
 
-def replicas_of(engine: Server) -> tuple[EngineBase, ...]:
-    """The engines that do the work: a cluster's replicas, or the engine itself."""
-    return engine.replicas if isinstance(engine, Cluster) else (engine,)
-
-
-def engine_tables(engine: Server) -> dict[str, pd.DataFrame]:
-    """The tables a results folder holds for *engine*'s run, the summary included.
-
-    A cluster's tables are its merged frames (a ``replica`` column in each, the replica
-    columns in ``requests``); its slots are every replica's, counted per pool for a
-    disaggregated cluster (its occupancy rows are per pool too).
-    """
-    replicas = replicas_of(engine)
-    frames = {
-        "requests": engine.requests_frame(),
-        "events": engine.events_frame(),
-        "admissions": engine.admissions_frame(),
-    }
-    if isinstance(engine, BatchingEngine) or (
-        isinstance(engine, Cluster) and any(isinstance(r, BatchingEngine) for r in replicas)
-    ):
-        frames["iterations"] = engine.iterations_frame()
-    slots: int | tuple[int, int] = sum(replica.max_active_requests for replica in replicas)
-    counts: int | tuple[int, int] | None = None  # so that a replica given nothing counts
-    if isinstance(engine, DisaggregatedCluster):
-        pools = (engine.prefill_replicas, engine.decode_replicas)
-        prefill_slots, decode_slots = (sum(r.max_active_requests for r in pool) for pool in pools)
-        slots = (prefill_slots, decode_slots)
-        counts = (len(engine.prefill_replicas), len(engine.decode_replicas))
-    elif isinstance(engine, Cluster):
-        counts = len(replicas)
-    summary = summarize(frames["requests"], slots=slots, replicas=counts)
-    frames["summary"] = summary.reset_index()
-    return frames
-
-
 def building_tables(engine: Server) -> str:
     """What :func:`write_tables` makes of *engine*'s run, for an out-of-memory message:
     the tables of its requests, on its replicas when it is a cluster."""
@@ -181,7 +143,7 @@ def write_tables(
     option: str, out: Path, engine: Server, fmt: Any, scenario: Scenario
 ) -> dict[str, pd.DataFrame]:
     """Write *engine*'s tables to *out*, stamped with the simulated time it ended at."""
-    frames = engine_tables(engine)
+    frames = run_tables(engine)
     try:
         write_run_folder(
             out,
