@@ -171,7 +171,7 @@ def test_a_sweep_over_replicas_ticks_whole_replica_counts() -> None:
         for n in (1, 2)
         for metric, value in (("throughput_requests_per_s", 10.0 * n), ("ttft_us_p99", 1e5))
     ]
-    folder = plots.SweepFolder(Path("sweep"), pd.DataFrame(rows), "replicas", (), 0.95)
+    folder = simsim.sweeps.SweepFolder(Path("sweep"), pd.DataFrame(rows), "replicas", (), 0.95)
     figure = plots.draw_sweep_throughput(folder)
     assert whole_ticks(figure.axes[0].xaxis) == [1, 2]
     plt.close(figure)
