@@ -21,6 +21,7 @@ from simsim.results import (
     latency_counts,
     prefix_cache_summary,
     replica_requests,
+    server_slots,
     transfer_summary,
 )
 from simsim.scenario import (
@@ -132,9 +133,7 @@ def cluster_lines(
     assert scenario.cluster is not None
     lines = [f"cluster       {scenario.cluster.describe()}"]
     disaggregated = isinstance(cluster, DisaggregatedCluster)
-    counts: int | tuple[int, int] = len(cluster.replicas)
-    if isinstance(cluster, DisaggregatedCluster):
-        counts = (len(cluster.prefill_replicas), len(cluster.decode_replicas))
+    _, counts = server_slots(cluster)
     rows: list[tuple[str, int, str, int]] = []
     for row in replica_requests(requests, replicas=counts).to_dict("records"):
         if row["pool"] == "prefill":
