@@ -59,10 +59,19 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from simsim.results import CLASS_KEYS, NO_CLASS, _occupancy_pools, _replica_pools
+from simsim.results import (
+    CLASS_KEYS,
+    NO_CLASS,
+    REPLICA_LOAD_WINDOWS,
+    occupancy_series,
+    replica_load_series,
+    replica_pools,
+    time_weighted_means,
+    token_rates,
+)
 from simsim.run_folder import RunFolder, read_run_folder
+from simsim.sweeps.folder import SweepFolder
 from simsim.sweeps.stats import metric_range
-from simsim.sweeps.sweep import read_sweep_folder
 from simsim.wording import counted
 
 __all__ = [
@@ -71,7 +80,6 @@ __all__ = [
     "GANTT_MAX_REQUESTS",
     "ITERATIONS_BIN_AFTER",
     "ITERATION_WINDOWS",
-    "REPLICA_LOAD_WINDOWS",
     "FigureSpec",
     "SweepFolder",
     "draw_class_latency",
@@ -82,10 +90,8 @@ __all__ = [
     "draw_sweep_latency",
     "draw_sweep_throughput",
     "draw_timeline",
-    "occupancy_series",
     "plot_results",
     "plot_sweep",
-    "replica_load_series",
 ]
 
 GANTT_MAX_REQUESTS: Final = 60
@@ -105,9 +111,6 @@ ITERATION_WINDOWS: Final = 150
 
 CLASS_LINES: Final = 10
 """The per-class latency figure draws at most this many lines (the rest share one)."""
-
-REPLICA_LOAD_WINDOWS: Final = 200
-"""How many equal time windows the replica load heat map has."""
 
 SIMULATED_NOTE: Final = "simulated times from the cost model, not measured on hardware"
 
@@ -149,116 +152,6 @@ class _WholeNumbers(MaxNLocator):
 
 
 # ---------------------------------------------------------------------- series
-
-
-def occupancy_series(requests: pd.DataFrame) -> pd.DataFrame:
-    """Queue length and slot occupancy over time, rebuilt from a requests table.
-
-    A request is *queued* from its arrival until it is admitted or cancelled, whichever
-    comes first (a request cancelled before it arrives never queues), and *occupies* a
-    slot from its admission until it finishes or is cancelled. A request still queued
-    or active at the end of the table (no admit or finish time) stays counted.
-
-    Returns columns ``time_us``, ``queue_length`` and ``occupancy`` (all ``int64``):
-    one row at time 0 and one at every later time where a count changes, holding
-    the counts after every change at that time, so the counts at any time ``t >= 0`` are
-    those of the last row with ``time_us <= t``. Zero-length stays (admitted and
-    cancelled at once) leave no trace.
-
-    A disaggregated cluster's table (``prefill_replica`` and ``decode_replica``) has a
-    queue and slots per pool, and the columns ``prefill_queue_length``,
-    ``prefill_occupancy``, ``decode_queue_length`` and ``decode_occupancy`` follow,
-    with ``queue_length`` and ``occupancy`` their sums. A request queues for a prefill
-    slot from its arrival to its prefill admission and holds it until its hand-off (or
-    its end, if it never left); it queues for a decode slot from its hand-off to its
-    admission on the decode replica and holds that slot until its end. These are the
-    intervals of :func:`simsim.summarize`'s occupancy rows, whose time averages over the
-    window are those of these counts.
-
-    Limitation: the requests table keeps one admission time per pool, so a request
-    preempted and readmitted by a batching server is counted as active from its first
-    admission.
-    """
-    stages = _occupancy_pools(_replica_pools(requests, None, required=False))
-    changes: dict[str, pd.Series[int]] = {}
-    for pool in stages:
-        begin, end = pool.queued(requests)
-        queued = begin.notna()
-        changes[f"{pool.prefix}queue_length"] = _deltas(begin[queued], end[queued])
-        begin, end = pool.hold(requests)
-        held = begin.notna()
-        changes[f"{pool.prefix}occupancy"] = _deltas(begin[held], end[held])
-    times = np.array([0], dtype=np.int64)
-    for steps in changes.values():
-        times = np.union1d(times, steps.index)
-    counts = {
-        name: steps.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
-        for name, steps in changes.items()
-    }
-    if len(stages) == 2:
-        counts = {
-            "queue_length": counts["prefill_queue_length"] + counts["decode_queue_length"],
-            "occupancy": counts["prefill_occupancy"] + counts["decode_occupancy"],
-            **counts,
-        }
-    keep = np.ones(len(times), dtype=bool)
-    keep[1:] = False
-    for values in counts.values():
-        keep[1:] |= values[1:] != values[:-1]
-    columns = {name: values[keep] for name, values in counts.items()}
-    return pd.DataFrame({"time_us": times[keep].astype(np.int64), **columns})
-
-
-def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
-    """+1 at each start and -1 at each end, summed per time; open intervals never end."""
-    start_values = start.to_numpy(dtype=np.int64)
-    open_ended = end.isna().to_numpy(dtype=bool)
-    end_values = end.fillna(0).to_numpy(dtype=np.int64)
-    nonempty = open_ended | (end_values > start_values)
-    closes = nonempty & ~open_ended
-    times = np.concatenate([start_values[nonempty], end_values[closes]])
-    steps = np.concatenate(
-        [np.ones(int(nonempty.sum()), np.int64), -np.ones(int(closes.sum()), np.int64)]
-    )
-    if len(times) == 0:
-        return pd.Series(np.zeros(0, np.int64), index=np.zeros(0, np.int64), dtype="int64")
-    return pd.Series(steps, index=times, dtype="int64").groupby(level=0).sum()
-
-
-def replica_load_series(
-    requests: pd.DataFrame, end_us: int, windows: int = REPLICA_LOAD_WINDOWS
-) -> tuple[npt.NDArray[np.float64], list[tuple[str, range, npt.NDArray[np.float64]]]]:
-    """The time-weighted mean number of requests on each replica, per time window.
-
-    A request is *on* a replica from its routing there until it leaves: on a cluster's
-    replica from its arrival to its finish or cancellation (queued or running); on a
-    disaggregated cluster's prefill replica from its arrival to its hand-off (its
-    prefill's end; its end if it never left), and on its decode replica from the
-    hand-off to its end, queued, receiving its KV cache, or decoding. A request still
-    there at the end of the table stays counted.
-
-    Returns the *windows* + 1 window edges over ``[0, end_us]`` (``end_us > 0``) and,
-    per pool (``""`` for a cluster, ``"prefill"`` and ``"decode"`` for a disaggregated
-    one), its name, its replicas' indices and a (replicas x windows) array of means.
-    The replicas are those the table names, from index 0 to the highest.
-    """
-    edges = np.linspace(0.0, float(end_us), windows + 1)
-    pools = []
-    for pool in _replica_pools(requests, None, required=True):
-        begin, end = pool.outstanding(requests)
-        replica = requests[pool.column].astype("Int64")
-        on = (replica.notna() & begin.notna()).to_numpy(dtype=bool)
-        means = np.zeros((len(pool.indices), windows))
-        for row, index in enumerate(pool.indices):
-            mine = on & (replica == index).fillna(False).to_numpy(dtype=bool)
-            steps = _deltas(begin[mine], end[mine])
-            if len(steps) == 0:
-                continue
-            times = steps.index.to_numpy(dtype=np.int64)
-            counts = np.asarray(steps.cumsum().to_numpy(), dtype=np.int64)
-            means[row] = _windowed_mean(times, counts, end_us, windows)[1]
-        pools.append((pool.name, pool.indices, means))
-    return edges, pools
 
 
 # ---------------------------------------------------------------------- figures
@@ -463,7 +356,7 @@ def draw_timeline(requests: pd.DataFrame, *, measured: bool = False) -> Figure:
         )
         ax.fill_between(x, y, step="post", color=color, alpha=0.15 if busy else 0.25, label=what)
         if busy:
-            centers, means = _windowed_mean(times, values, end, TIMELINE_WINDOWS)
+            centers, means = time_weighted_means(times, values, end, TIMELINE_WINDOWS)
             window = end / TIMELINE_WINDOWS / scale
             ax.plot(
                 centers / scale,
@@ -553,8 +446,7 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
         decode = frame["decoding_count"].to_numpy(dtype=np.int64)
         abandoned = frame["abandoned"].astype(bool).to_numpy()
         if len(frame) > ITERATIONS_BIN_AFTER and end > 0:
-            done = ~abandoned
-            _draw_token_rates(tokens, ends[done], prefill[done], decode[done], end, scale, unit)
+            _draw_token_rates(tokens, token_rates(frame, end, ITERATION_WINDOWS), scale, unit)
         else:
             x = starts / scale
             # Stacked steps, not bars: hundreds of iterations draw in a blink this way.
@@ -591,27 +483,14 @@ def draw_iterations(iterations: pd.DataFrame) -> Figure:
     return fig
 
 
-def _draw_token_rates(
-    ax: Axes,
-    ends: npt.NDArray[np.int64],
-    prefill: npt.NDArray[np.int64],
-    decode: npt.NDArray[np.int64],
-    end: int,
-    scale: float,
-    unit: str,
-) -> None:
-    """Prefill and decode tokens per simulated second, stacked, in equal time windows.
-
-    Each completed iteration counts in the window holding its end, when its tokens are
-    done; abandoned iterations processed nothing and are left out.
-    """
-    edges = np.linspace(0.0, float(end), ITERATION_WINDOWS + 1)
-    width_us = float(end) / ITERATION_WINDOWS
-    per_second = 1e6 / width_us
-    prefill_rate = np.histogram(ends, bins=edges, weights=prefill)[0] * per_second
-    decode_rate = np.histogram(ends, bins=edges, weights=decode)[0] * per_second
-    left = edges[:-1] / scale
+def _draw_token_rates(ax: Axes, rates: pd.DataFrame, scale: float, unit: str) -> None:
+    """Prefill and decode tokens per simulated second (:func:`~simsim.results.token_rates`),
+    stacked, one bar per time window."""
+    left = rates["window_start_us"].to_numpy(dtype=np.float64) / scale
+    width_us = float(rates["window_end_us"].iloc[-1]) / len(rates)
     width = width_us / scale
+    prefill_rate = rates["prefill_tokens_per_s"].to_numpy(dtype=np.float64)
+    decode_rate = rates["decode_tokens_per_s"].to_numpy(dtype=np.float64)
     ax.bar(
         left,
         prefill_rate,
@@ -634,17 +513,6 @@ def _draw_token_rates(
     ax.set_ylabel(f"tokens / s\n(per {width:.3g} {unit} window)")
 
 
-def _windowed_mean(
-    times: npt.NDArray[np.int64], values: npt.NDArray[np.int64], end: int, windows: int
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Window centres and time-weighted means of a step function over [0, end)."""
-    breaks = np.append(times, end).astype(np.float64)
-    area = np.concatenate([[0.0], np.cumsum(values * np.diff(breaks))])
-    edges = np.linspace(0.0, float(end), windows + 1)
-    totals = np.diff(np.interp(edges, breaks, area))
-    return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
-
-
 def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figure:
     """Requests on each replica of a cluster over simulated time.
 
@@ -657,8 +525,8 @@ def draw_replica_load(requests: pd.DataFrame, end_us: int | None = None) -> Figu
     """
     end = max(_horizon_us(requests), end_us or 0)
     scale, unit = _time_unit(end)
-    probe = _replica_pools(requests, None, required=True)
-    sizes = [max(1, len(pool.indices)) for pool in probe]
+    probe = replica_pools(requests, required=True)
+    sizes = [max(1, len(indices)) for _, indices in probe]
     ratios = [r for size in sizes for r in (2.0, min(8.0, 1.5 + 0.12 * size))]
     fig, axes = plt.subplots(
         2 * len(probe),
@@ -894,7 +762,7 @@ def _gantt_if_small(results: RunFolder) -> Figure | None:
 
 def _replica_load_if_cluster(results: RunFolder) -> Figure | None:
     requests = results.requests()
-    if not _replica_pools(requests, None, required=False):
+    if not replica_pools(requests):
         return None
     end_us = results.manifest.get("end_us")
     return draw_replica_load(requests, end_us if isinstance(end_us, int) else None)
@@ -982,46 +850,6 @@ _SWEEP_THROUGHPUTS: Final = (
     ("goodput_requests_per_s", "goodput (requests meeting the SLOs / s)"),
     ("slo_attainment", "SLO attainment (fraction of requests)"),
 )
-
-
-@dataclass(frozen=True)
-class SweepFolder:
-    """A results folder written by :func:`simsim.sweep` or ``simsim sweep``."""
-
-    path: Path
-    summary: pd.DataFrame
-    load: str
-    configuration_columns: tuple[str, ...]
-    confidence: float
-
-    @classmethod
-    def read(cls, path: Path) -> SweepFolder:
-        """Read the sweep's manifest and summary; errors name the folder and the file."""
-        manifest, summary = read_sweep_folder(path)
-        axes = [str(a) for a in manifest.get("axes", [])]
-        load = manifest.get("load")
-        if not axes or load not in axes:
-            raise ValueError(
-                f"{path}: the sweep has no grid axis to plot against (give it a [grid])"
-            )
-        others = [a for a in axes if a != load]
-        configuration = tuple(c for c in ("case", *others) if c in summary.columns)
-        return cls(path, summary, str(load), configuration, float(manifest["confidence"]))
-
-    def lines(self, metric: str) -> list[tuple[str, pd.DataFrame]]:
-        """One (label, rows sorted by load) pair per configuration, for *metric*."""
-        rows = self.summary[self.summary["metric"] == metric]
-        if not self.configuration_columns:
-            return [("", rows.sort_values(self.load))]
-        lines = []
-        for keys, group in rows.groupby(list(self.configuration_columns), sort=False):
-            values = keys if isinstance(keys, tuple) else (keys,)
-            label = ", ".join(
-                str(v) if c == "case" else f"{c}={v}"
-                for c, v in zip(self.configuration_columns, values, strict=True)
-            )
-            lines.append((label, group.sort_values(self.load)))
-        return lines
 
 
 def _draw_lines(ax: Axes, folder: SweepFolder, metric: str, scale: float) -> bool:

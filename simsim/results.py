@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from simsim.admission import REJECTION_REASONS
@@ -35,15 +36,32 @@ __all__ = [
     "CLASS_KEYS",
     "DEFAULT_PERCENTILES",
     "NO_CLASS",
+    "REPLICA_LOAD_WINDOWS",
     "REQUEST_COLUMNS",
+    "TOKEN_COLUMNS",
+    "RecordedServer",
     "admissions_frame",
+    "batch_summary",
     "class_summary",
     "events_frame",
     "iterations_frame",
+    "latency_counts",
+    "occupancy_series",
     "percentile_label",
+    "prefix_cache_summary",
+    "replica_load_series",
+    "replica_pools",
+    "replica_requests",
     "replica_summary",
     "requests_frame",
+    "run_summary",
+    "run_tables",
+    "server_replicas",
+    "server_slots",
     "summarize",
+    "time_weighted_means",
+    "token_rates",
+    "transfer_summary",
 ]
 
 _TIMESTAMP_FIELDS = (
@@ -71,6 +89,10 @@ REQUEST_COLUMNS = (
     "tpot_us",
 )
 """The columns of :func:`requests_frame`, in order."""
+
+TOKEN_COLUMNS: Final = ("request_id", "token_index", "time_us")
+"""The columns of a measured run's ``tokens`` table (``simsim replay``): one row per
+token received, ``token_index`` counting from 1 and ``time_us`` when it arrived."""
 
 _FINISHED = RequestState.FINISHED
 _LATENCY_COLUMNS = ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
@@ -297,15 +319,9 @@ def summarize(
     if slot_counts is not None:
         metrics.update(_occupancy(requests, start_us, end_us, slot_counts, pools))
     if "cached_prompt_tokens" in selected.columns:
-        cached = selected["cached_prompt_tokens"].astype("float64")
-        prompts = float(selected["prompt_token_count"].sum())
-        metrics["prefix_cache_hit_rate_tokens"] = (
-            float(cached.sum()) / prompts if prompts else math.nan
-        )
-        total = len(selected)
-        metrics["prefix_cache_hit_rate_requests"] = (
-            float((cached > 0).sum()) / total if total else math.nan
-        )
+        cache = prefix_cache_summary(selected)
+        metrics["prefix_cache_hit_rate_tokens"] = float(cache["hit_rate_tokens"])
+        metrics["prefix_cache_hit_rate_requests"] = float(cache["hit_rate_requests"])
     if pools:
         metrics.update(_balance(requests, selected, start_us, end_us, pools))
     frame = pd.DataFrame({"value": pd.Series(metrics, dtype="float64")})
@@ -363,6 +379,21 @@ def _request_metrics(
         metrics["slo_attainment"] = float(good.sum()) / total if total else math.nan
         metrics["goodput_requests_per_s"] = float(good.sum()) / seconds
     return metrics
+
+
+def latency_counts(requests: pd.DataFrame) -> pd.Series:
+    """How many requests of a :func:`requests_frame` have each latency, the rows its
+    :func:`summarize` statistics cover: ``queue_delay_us`` (admitted requests),
+    ``ttft_us`` (requests that produced a token), ``e2e_latency_us`` (finished
+    requests), ``tpot_us`` (finished requests with 2+ tokens) and, in a disaggregated
+    cluster's frame, ``decode_queue_delay_us`` (requests admitted on a decode
+    replica). ``int64``, indexed by column."""
+    columns = [
+        *_LATENCY_COLUMNS,
+        *([_DECODE_QUEUE_DELAY] if _DECODE_QUEUE_DELAY in requests else []),
+    ]
+    counts = {column: int(requests[column].notna().sum()) for column in columns}
+    return pd.Series(counts, dtype="int64")
 
 
 def percentile_label(percentile: float) -> str:
@@ -671,6 +702,20 @@ def _replica_pools(requests: pd.DataFrame, replicas: object, *, required: bool) 
                 "gives; pass the cluster's replica counts"
             )
     return pools
+
+
+def replica_pools(
+    requests: pd.DataFrame, *, required: bool = False
+) -> tuple[tuple[str, range], ...]:
+    """A cluster's pools of replicas, as its requests frame names them: ``()`` for a
+    frame without replica columns (one server's), one ``("", indices)`` for a cluster's
+    (``replica``), ``("prefill", ...)`` then ``("decode", ...)`` for a disaggregated
+    cluster's (``prefill_replica`` and ``decode_replica``). The indices run from 0 to
+    the highest replica the frame names (the decode pool's follow the prefill pool's).
+    *required*: a frame without replica columns is refused (``ValueError``).
+    """
+    pools = _replica_pools(requests, None, required=required)
+    return tuple((pool.name, pool.indices) for pool in pools)
 
 
 def _indices(column: pd.Series, name: str) -> np.ndarray:
@@ -1065,3 +1110,406 @@ def _tokens_in_window(requests: pd.DataFrame, low: float, high: float) -> np.nda
         stop = np.where(step > 0, np.ceil((high - first) / step), np.where(first < high, np.inf, 0))
     count = np.clip(stop, 0, tokens) - np.clip(begin, 0, tokens)
     return np.where(np.isnan(first), 0.0, np.clip(np.nan_to_num(count), 0, None))
+
+
+# ---------------------------------------------------------------------- a run's tables
+
+
+class RecordedServer(Protocol):
+    """What :func:`run_tables` reads of a server: its result frames.
+
+    Every engine and every cluster has them. A cluster also has ``replicas`` (and a
+    disaggregated one ``prefill_replicas`` and ``decode_replicas``); an engine has
+    ``max_active_requests``; a batching engine (or a cluster with one) has
+    ``iterations_frame()``. :func:`run_tables` reads those public properties where they
+    exist and nothing else.
+    """
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per request (:func:`requests_frame`)."""
+        ...
+
+    def events_frame(self) -> pd.DataFrame:
+        """One row per logged event (:func:`events_frame`)."""
+        ...
+
+    def admissions_frame(self) -> pd.DataFrame:
+        """One row per admission (:func:`admissions_frame`)."""
+        ...
+
+
+def server_replicas(server: object) -> tuple[Any, ...]:
+    """The engines that do *server*'s work: a cluster's ``replicas``, else the server."""
+    replicas = getattr(server, "replicas", None)
+    return (server,) if replicas is None else tuple(replicas)
+
+
+def server_slots(
+    server: object,
+) -> tuple[int | tuple[int, int], int | tuple[int, int] | None]:
+    """The ``slots`` and ``replicas`` :func:`summarize` takes for *server*'s requests frame.
+
+    Slots: every replica's ``max_active_requests`` summed (a server's own for one
+    server); for a disaggregated cluster a pair, the prefill pool's and the decode
+    pool's. Replicas: ``None`` for one server, a cluster's replica count, or a pair of
+    pool sizes for a disaggregated cluster.
+    """
+    replicas = server_replicas(server)
+    prefill = getattr(server, "prefill_replicas", None)
+    decode = getattr(server, "decode_replicas", None)
+    if prefill is not None and decode is not None:
+        slots = (
+            sum(replica.max_active_requests for replica in prefill),
+            sum(replica.max_active_requests for replica in decode),
+        )
+        return slots, (len(prefill), len(decode))
+    total = sum(replica.max_active_requests for replica in replicas)
+    return total, (len(replicas) if hasattr(server, "replicas") else None)
+
+
+def run_summary(
+    server: RecordedServer,
+    *,
+    requests: pd.DataFrame | None = None,
+    ttft_slo_us: float | None = None,
+    tpot_slo_us: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> pd.DataFrame:
+    """:func:`summarize` of *server*'s run with its slots and replicas
+    (:func:`server_slots`): the occupancy rows (``mean_queue_length``,
+    ``mean_active_requests``, ``utilization``) and, for a cluster, every replica's
+    load-balance rows, a replica given nothing included. *requests* is the server's
+    :meth:`requests_frame` when already made; the SLO targets and *percentiles* are
+    :func:`summarize`'s.
+    """
+    slots, replicas = server_slots(server)
+    return summarize(
+        server.requests_frame() if requests is None else requests,
+        ttft_slo_us=ttft_slo_us,
+        tpot_slo_us=tpot_slo_us,
+        percentiles=percentiles,
+        slots=slots,
+        replicas=replicas,
+    )
+
+
+def run_tables(server: RecordedServer) -> dict[str, pd.DataFrame]:
+    """The tables of *server*'s run, as a results folder holds them, the summary included.
+
+    Keys, in order: ``requests``, ``events``, ``admissions``, then ``iterations`` when a
+    batching engine did the work (the server, or a replica of a cluster), then
+    ``summary``: :func:`run_summary` (the requests summarised with the server's slot
+    and replica counts) as a frame with a ``metric`` and a ``value`` column.
+
+    A cluster's tables are its merged frames (a ``replica`` column in each). This is
+    what ``simsim run`` and ``simsim serve --record`` write; each run of a sweep or a
+    capacity search summarises with :func:`run_summary` too.
+    """
+    frames = {
+        "requests": server.requests_frame(),
+        "events": server.events_frame(),
+        "admissions": server.admissions_frame(),
+    }
+    if any(hasattr(replica, "iterations_frame") for replica in server_replicas(server)):
+        frames["iterations"] = cast(Any, server).iterations_frame()
+    frames["summary"] = run_summary(server, requests=frames["requests"]).reset_index()
+    return frames
+
+
+# ---------------------------------------------------------------------- server load
+
+
+def batch_summary(
+    iterations: pd.DataFrame,
+    events: pd.DataFrame,
+    *,
+    kv_blocks: int | Mapping[int, int] | None = None,
+) -> pd.Series:
+    """A batching server's load over its run, from its iterations and events frames.
+
+    Rows (``float64``): ``iterations`` (launched, abandoned ones included),
+    ``preemptions`` (``REQUEST_PREEMPTED`` events), ``mean_batch_size`` (requests per
+    iteration, averaged over simulated time: each iteration that ran weighs as long as
+    it lasted, so an idle stretch between iterations does not count), and with
+    *kv_blocks*, ``kv_cache_blocks`` (how many in all), ``kv_cache_use_mean`` (the
+    time-weighted mean fraction of the KV cache's blocks in use) and
+    ``kv_cache_use_peak`` (the highest fraction). ``mean_batch_size`` and the KV rows
+    are ``NaN`` when no iteration ran for a positive time.
+
+    *kv_blocks* is the KV cache's size in blocks: an int for one server, or for a
+    cluster's frames (a ``replica`` column) a mapping replica index -> its cache's
+    blocks, each replica's use then taken as a share of its own cache (a replica not
+    in the mapping, with no KV cache, counts for no KV row).
+    """
+    preemptions = int((events["event_type"] == EventType.REQUEST_PREEMPTED.name).sum())
+    ran = iterations[~iterations["abandoned"].astype(bool)]
+    weights = (ran["end_us"] - ran["start_us"]).astype("float64")
+    rows = {
+        "iterations": float(len(iterations)),
+        "preemptions": float(preemptions),
+        "mean_batch_size": math.nan,
+    }
+    if kv_blocks is not None:
+        total = kv_blocks if isinstance(kv_blocks, int) else sum(kv_blocks.values())
+        rows.update(kv_cache_blocks=float(total), kv_cache_use_mean=math.nan)
+        rows["kv_cache_use_peak"] = math.nan
+    if ran.empty or weights.sum() <= 0:
+        return pd.Series(rows, dtype="float64")
+    rows["mean_batch_size"] = float((ran["batch_size"] * weights).sum() / weights.sum())
+    if isinstance(kv_blocks, int):
+        used = float((ran["kv_blocks_in_use"] * weights).sum() / weights.sum())
+        rows["kv_cache_use_mean"] = used / kv_blocks
+        rows["kv_cache_use_peak"] = int(ran["kv_blocks_in_use"].max()) / kv_blocks
+    elif kv_blocks is not None:
+        held = ran["kv_blocks_in_use"] / ran["replica"].map(dict(kv_blocks)).astype("float64")
+        rows["kv_cache_use_mean"] = float((held * weights).sum() / weights.sum())
+        rows["kv_cache_use_peak"] = float(held.max())
+    return pd.Series(rows, dtype="float64")
+
+
+def prefix_cache_summary(requests: pd.DataFrame) -> pd.Series:
+    """How much a prefix cache served, from a :func:`requests_frame` with
+    ``cached_prompt_tokens`` (a batching server with a prefix cache).
+
+    Rows (``float64``): ``requests``, ``hit_requests`` (requests served any prompt
+    token from the cache), ``prompt_tokens``, ``cached_prompt_tokens``, and
+    ``hit_rate_tokens`` (cached over all prompt tokens; ``NaN`` without prompt tokens)
+    and ``hit_rate_requests`` (``NaN`` without requests): :func:`summarize`'s
+    ``prefix_cache_hit_rate_tokens`` and ``_requests`` rows are these two.
+    """
+    cached = requests["cached_prompt_tokens"].astype("float64")
+    prompts = float(requests["prompt_token_count"].sum())
+    total = len(requests)
+    hits = float((cached > 0).sum())
+    rows = {
+        "requests": float(total),
+        "hit_requests": hits,
+        "prompt_tokens": prompts,
+        "cached_prompt_tokens": float(cached.sum()),
+        "hit_rate_tokens": float(cached.sum()) / prompts if prompts else math.nan,
+        "hit_rate_requests": hits / total if total else math.nan,
+    }
+    return pd.Series(rows, dtype="float64")
+
+
+def replica_requests(
+    requests: pd.DataFrame, *, replicas: int | tuple[int, int] | None = None
+) -> pd.DataFrame:
+    """How many requests each replica of a cluster was routed and saw through.
+
+    One row per replica, in index order, from a cluster's
+    :meth:`~simsim.Cluster.requests_frame`: ``replica``, ``pool`` (``""`` for a
+    cluster's replicas, ``"prefill"`` or ``"decode"`` for a disaggregated cluster's),
+    ``routed`` (requests routed there: for a decode replica, handed to it),
+    ``finished`` (of those, how many finished there: on a prefill replica, the ones
+    that never left it) and ``handed_off`` (``Int64``: on a prefill replica, how many
+    it handed to a decode replica; ``<NA>`` on the others). Every request counts, the
+    whole frame (no measurement window: :func:`replica_summary` has one).
+    *replicas* is :func:`summarize`'s: the replica count (a pair for a disaggregated
+    frame), so that a replica given nothing has its row.
+    """
+    pools = _replica_pools(requests, replicas, required=True)
+    finished = requests["state"] == _FINISHED.name
+    handed = requests[_DECODE_COLUMN].notna() if _DECODE_COLUMN in requests else None
+    tables = []
+    for pool in pools:
+        stays = finished if pool.name != "prefill" or handed is None else finished & ~handed
+        index = pd.Index(pool.indices, dtype="int64", name="replica")
+        table = pd.DataFrame(
+            {
+                "pool": pd.Series(pool.name, index=index, dtype="str"),
+                "routed": _counts(requests[pool.column], index),
+                "finished": _counts(requests[pool.column][stays], index),
+                "handed_off": pd.Series(pd.NA, index=index, dtype="Int64"),
+            },
+            index=index,
+        )
+        if pool.name == "prefill" and handed is not None:
+            handed_off = _counts(requests[pool.column][handed], index)
+            table["handed_off"] = handed_off.astype("Int64")
+        tables.append(table)
+    return pd.concat(tables).reset_index()
+
+
+def _counts(column: pd.Series, index: pd.Index) -> pd.Series:
+    """How often each replica of *index* appears in *column*: one count over the
+    column, not a comparison per replica (fleets are large)."""
+    counts = column.dropna().astype("int64").value_counts()
+    return counts.reindex(index, fill_value=0).astype("int64")
+
+
+def transfer_summary(requests: pd.DataFrame) -> pd.Series:
+    """The KV transfers of a disaggregated cluster's :meth:`~simsim.Cluster.requests_frame`.
+
+    Rows (``float64``): ``transfers`` (requests whose KV cache moved to a decode
+    replica: a ``transfer_us``), ``transfer_us_mean`` and ``transfer_us_max`` (``NaN``
+    without a transfer). A frame without ``transfer_us`` gives no transfer.
+    """
+    rows = {"transfers": 0.0, "transfer_us_mean": math.nan, "transfer_us_max": math.nan}
+    if "transfer_us" in requests:
+        moved = requests["transfer_us"].dropna()
+        if len(moved):
+            rows["transfers"] = float(len(moved))
+            rows["transfer_us_mean"] = float(moved.mean())
+            rows["transfer_us_max"] = float(moved.max())
+    return pd.Series(rows, dtype="float64")
+
+
+# ---------------------------------------------------------------------- series over time
+
+REPLICA_LOAD_WINDOWS: Final = 200
+"""How many equal time windows :func:`replica_load_series` (and the replica load heat
+map) has by default."""
+
+
+def occupancy_series(requests: pd.DataFrame) -> pd.DataFrame:
+    """Queue length and slot occupancy over time, rebuilt from a requests table.
+
+    A request is *queued* from its arrival until it is admitted or cancelled, whichever
+    comes first (a request cancelled before it arrives never queues), and *occupies* a
+    slot from its admission until it finishes or is cancelled. A request still queued
+    or active at the end of the table (no admit or finish time) stays counted.
+
+    Returns columns ``time_us``, ``queue_length`` and ``occupancy`` (all ``int64``):
+    one row at time 0 and one at every later time where a count changes, holding
+    the counts after every change at that time, so the counts at any time ``t >= 0`` are
+    those of the last row with ``time_us <= t``. Zero-length stays (admitted and
+    cancelled at once) leave no trace.
+
+    A disaggregated cluster's table (``prefill_replica`` and ``decode_replica``) has a
+    queue and slots per pool, and the columns ``prefill_queue_length``,
+    ``prefill_occupancy``, ``decode_queue_length`` and ``decode_occupancy`` follow,
+    with ``queue_length`` and ``occupancy`` their sums. A request queues for a prefill
+    slot from its arrival to its prefill admission and holds it until its hand-off (or
+    its end, if it never left); it queues for a decode slot from its hand-off to its
+    admission on the decode replica and holds that slot until its end. These are the
+    intervals of :func:`summarize`'s occupancy rows, whose time averages over the
+    window are those of these counts.
+
+    Limitation: the requests table keeps one admission time per pool, so a request
+    preempted and readmitted by a batching server is counted as active from its first
+    admission.
+    """
+    stages = _occupancy_pools(_replica_pools(requests, None, required=False))
+    changes: dict[str, pd.Series[int]] = {}
+    for pool in stages:
+        begin, end = pool.queued(requests)
+        queued = begin.notna()
+        changes[f"{pool.prefix}queue_length"] = _deltas(begin[queued], end[queued])
+        begin, end = pool.hold(requests)
+        held = begin.notna()
+        changes[f"{pool.prefix}occupancy"] = _deltas(begin[held], end[held])
+    times = np.array([0], dtype=np.int64)
+    for steps in changes.values():
+        times = np.union1d(times, steps.index)
+    counts = {
+        name: steps.reindex(times, fill_value=0).cumsum().to_numpy(dtype=np.int64)
+        for name, steps in changes.items()
+    }
+    if len(stages) == 2:
+        counts = {
+            "queue_length": counts["prefill_queue_length"] + counts["decode_queue_length"],
+            "occupancy": counts["prefill_occupancy"] + counts["decode_occupancy"],
+            **counts,
+        }
+    keep = np.ones(len(times), dtype=bool)
+    keep[1:] = False
+    for values in counts.values():
+        keep[1:] |= values[1:] != values[:-1]
+    columns = {name: values[keep] for name, values in counts.items()}
+    return pd.DataFrame({"time_us": times[keep].astype(np.int64), **columns})
+
+
+def _deltas(start: pd.Series[int], end: pd.Series[int]) -> pd.Series[int]:
+    """+1 at each start and -1 at each end, summed per time; open intervals never end."""
+    start_values = start.to_numpy(dtype=np.int64)
+    open_ended = end.isna().to_numpy(dtype=bool)
+    end_values = end.fillna(0).to_numpy(dtype=np.int64)
+    nonempty = open_ended | (end_values > start_values)
+    closes = nonempty & ~open_ended
+    times = np.concatenate([start_values[nonempty], end_values[closes]])
+    steps = np.concatenate(
+        [np.ones(int(nonempty.sum()), np.int64), -np.ones(int(closes.sum()), np.int64)]
+    )
+    if len(times) == 0:
+        return pd.Series(np.zeros(0, np.int64), index=np.zeros(0, np.int64), dtype="int64")
+    return pd.Series(steps, index=times, dtype="int64").groupby(level=0).sum()
+
+
+def replica_load_series(
+    requests: pd.DataFrame, end_us: int, windows: int = REPLICA_LOAD_WINDOWS
+) -> tuple[npt.NDArray[np.float64], list[tuple[str, range, npt.NDArray[np.float64]]]]:
+    """The time-weighted mean number of requests on each replica, per time window.
+
+    A request is *on* a replica from its routing there until it leaves: on a cluster's
+    replica from its arrival to its finish or cancellation (queued or running); on a
+    disaggregated cluster's prefill replica from its arrival to its hand-off (its
+    prefill's end; its end if it never left), and on its decode replica from the
+    hand-off to its end, queued, receiving its KV cache, or decoding. A request still
+    there at the end of the table stays counted.
+
+    Returns the *windows* + 1 window edges over ``[0, end_us]`` (``end_us > 0``) and,
+    per pool (``""`` for a cluster, ``"prefill"`` and ``"decode"`` for a disaggregated
+    one), its name, its replicas' indices and a (replicas x windows) array of means.
+    The replicas are those the table names, from index 0 to the highest.
+    """
+    edges = np.linspace(0.0, float(end_us), windows + 1)
+    pools = []
+    for pool in _replica_pools(requests, None, required=True):
+        begin, end = pool.outstanding(requests)
+        replica = requests[pool.column].astype("Int64")
+        on = (replica.notna() & begin.notna()).to_numpy(dtype=bool)
+        means = np.zeros((len(pool.indices), windows))
+        for row, index in enumerate(pool.indices):
+            mine = on & (replica == index).fillna(False).to_numpy(dtype=bool)
+            steps = _deltas(begin[mine], end[mine])
+            if len(steps) == 0:
+                continue
+            times = steps.index.to_numpy(dtype=np.int64)
+            counts = np.asarray(steps.cumsum().to_numpy(), dtype=np.int64)
+            means[row] = time_weighted_means(times, counts, end_us, windows)[1]
+        pools.append((pool.name, pool.indices, means))
+    return edges, pools
+
+
+def time_weighted_means(
+    times: npt.NDArray[np.int64], values: npt.NDArray[np.int64], end: int, windows: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Window centres and time-weighted means of a step function over ``[0, end)``.
+
+    The function is *values[i]* from *times[i]* to the next time (the last value to
+    *end*); the window ``[0, end)`` is cut into *windows* equal windows, and each gets
+    the mean of the function over it, every value weighed by how long it held there.
+    """
+    breaks = np.append(times, end).astype(np.float64)
+    area = np.concatenate([[0.0], np.cumsum(values * np.diff(breaks))])
+    edges = np.linspace(0.0, float(end), windows + 1)
+    totals = np.diff(np.interp(edges, breaks, area))
+    return (edges[:-1] + edges[1:]) / 2, totals / np.diff(edges)
+
+
+def token_rates(iterations: pd.DataFrame, end_us: int, windows: int) -> pd.DataFrame:
+    """Prefill and decode tokens per simulated second of a batching server, in *windows*
+    equal time windows over ``[0, end_us)`` (``end_us > 0``).
+
+    From an :meth:`~simsim.BatchingEngine.iterations_frame`: each completed iteration
+    counts in the window holding its end, when its tokens are done (``prefill_tokens``
+    prefill tokens, one decode token per decoding request); abandoned iterations
+    processed nothing and are left out. Columns ``window_start_us``, ``window_end_us``
+    (floats: the windows need not fall on whole microseconds),
+    ``prefill_tokens_per_s`` and ``decode_tokens_per_s``.
+    """
+    done = ~iterations["abandoned"].astype(bool).to_numpy()
+    ends = iterations["end_us"].to_numpy(dtype=np.int64)[done]
+    prefill = iterations["prefill_tokens"].to_numpy(dtype=np.int64)[done]
+    decode = iterations["decoding_count"].to_numpy(dtype=np.int64)[done]
+    edges = np.linspace(0.0, float(end_us), windows + 1)
+    per_second = 1e6 / (float(end_us) / windows)
+    return pd.DataFrame(
+        {
+            "window_start_us": edges[:-1],
+            "window_end_us": edges[1:],
+            "prefill_tokens_per_s": np.histogram(ends, bins=edges, weights=prefill)[0] * per_second,
+            "decode_tokens_per_s": np.histogram(ends, bins=edges, weights=decode)[0] * per_second,
+        }
+    )

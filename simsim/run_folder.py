@@ -32,7 +32,7 @@ from simsim._version import __version__
 from simsim.admission import append_rejection
 from simsim.records import ITERATION_COLUMNS
 from simsim.request import Request
-from simsim.results import REQUEST_COLUMNS, requests_frame
+from simsim.results import REQUEST_COLUMNS, TOKEN_COLUMNS, requests_frame
 
 __all__ = [
     "CLUSTER_REQUEST_DTYPES",
@@ -63,7 +63,7 @@ RUN_TABLES: Final = ("requests", "events", "admissions", "iterations", "summary"
 
 MEASURED_TABLES: Final = ("tokens",)
 """The tables only a measured folder (``simsim replay``) holds: ``tokens``, one row per
-token received (``request_id``, ``token_index`` from 1, ``time_us``)."""
+token received (:data:`~simsim.results.TOKEN_COLUMNS`)."""
 
 FOLDER_TABLES: Final = (*RUN_TABLES, *MEASURED_TABLES)
 """Every table a results folder may hold, in the order they are written."""
@@ -160,7 +160,7 @@ _TABLE_DTYPES: Final[Mapping[str, Mapping[str, str]]] = {
         "replica": "int64",
     },
     "summary": {"value": "float64"},
-    "tokens": {"request_id": "int64", "token_index": "int64", "time_us": _INT64},
+    "tokens": {**{name: "int64" for name in TOKEN_COLUMNS}, "time_us": _INT64},
 }
 
 _INT64_RANGE: Final = (-(2**63), 2**63 - 1)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simsim import cli
 from simsim.cli import main
 from simsim.engines.base import EngineBase
 from simsim.scenario import Scenario
@@ -344,7 +343,7 @@ def test_run_out_checked_before_the_simulation_runs(
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("a bad --out must be refused before running")
 
-    monkeypatch.setattr(cli, "run_scenario", boom)
+    monkeypatch.setattr("simsim.cli.run.run_scenario", boom)
     target = write(tmp_path, "", "results")
     one_line_error(capsys, "run", str(scenario), "--out", str(target))
 
@@ -379,7 +378,7 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
     def bug(*args: object, **kwargs: object) -> None:
         raise RuntimeError("something simsim did not expect")
 
-    monkeypatch.setattr(cli, "run_scenario", bug)
+    monkeypatch.setattr("simsim.cli.run.run_scenario", bug)
     code = main(["run", str(scenario), "--out", str(scenario.parent / "out")])
     err = capsys.readouterr().err
     assert code == 1

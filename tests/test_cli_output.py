@@ -14,8 +14,7 @@ import pandas as pd
 import pytest
 
 import simsim
-from simsim import cli
-from simsim.cli import main
+from simsim.cli import main, report
 from simsim.scenario import load_scenario, parse_scenario
 
 REQUEST = """
@@ -189,13 +188,13 @@ def test_times_are_in_ms_or_s_never_scientific(
     ],
 )
 def test_duration_format(value_us: int, shown: str) -> None:
-    assert cli._duration(value_us) == shown
+    assert report.duration(value_us) == shown
 
 
 def test_report_numbers_are_never_scientific() -> None:
-    assert cli._number(3.69921875) == "3.69922"  # as :g, which the reports used
-    assert cli._number(1e20) == "100000000000000000000"
-    assert cli._number(float("nan")) == "-"
+    assert report.number(3.69921875) == "3.69922"  # as :g, which the reports used
+    assert report.number(1e20) == "100000000000000000000"
+    assert report.number(float("nan")) == "-"
 
 
 def test_the_default_run_prints_no_nan(

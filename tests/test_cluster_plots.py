@@ -55,7 +55,7 @@ def test_replica_load_series_of_the_tiny_cluster() -> None:
     # On replica 0: requests 0 [0, 220), 2 [300, 400), 4 [330, 510) (arrival to finish);
     # on replica 1: 1 [10, 120), 3 [320, 480). 51 windows of 10 us over [0, 510).
     frame = tiny_cluster().requests_frame()
-    edges, pools = plots.replica_load_series(frame, 510, windows=51)
+    edges, pools = simsim.results.replica_load_series(frame, 510, windows=51)
     assert edges[1] - edges[0] == pytest.approx(10)
     [(name, indices, means)] = pools
     assert (name, list(indices)) == ("", [0, 1])

@@ -282,15 +282,21 @@ def disaggregated(prefill: int = 1, decode: int = 1) -> DisaggregatedCluster:
     return DisaggregatedCluster(prefill_pool, decode_pool, LINK)
 
 
-def test_hand_computed_disaggregated_load_balance() -> None:
-    # Request 0 prefills on replica 0 over [0, 3,000), its KV cache moves to replica 1
-    # over [3,000, 4,500), and it decodes there until 19,800. Request 1 (no output)
-    # finishes on replica 0 at its prefill's end: [20,000, 23,000). Window [0, 23,000).
+def handed_off_and_kept() -> DisaggregatedCluster:
+    """A disaggregated run of two requests: request 0 prefills on replica 0 over
+    [0, 3,000), its KV cache moves to replica 1 over [3,000, 4,500), and it decodes
+    there until 19,800; request 1 (no output) finishes on replica 0 at its prefill's
+    end: [20,000, 23,000)."""
     cluster = disaggregated()
     cluster.submit(simsim.Request(0, 0, 100, 3))
     cluster.submit(simsim.Request(1, 20_000, 100, 0))
     cluster.run()
-    frame = cluster.requests_frame()
+    return cluster
+
+
+def test_hand_computed_disaggregated_load_balance() -> None:
+    # handed_off_and_kept(): window [0, 23,000).
+    frame = handed_off_and_kept().requests_frame()
     assert list(frame["finish_time_us"]) == [19_800, 23_000]
     assert list(frame["transfer_start_us"].astype(object)) == [3_000, pd.NA]
     summary = simsim.summarize(frame)

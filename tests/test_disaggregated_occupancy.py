@@ -3,7 +3,7 @@
 A request queues for a prefill slot from its arrival to its admission, holds that slot
 until its hand-off, queues for a decode slot from the hand-off to its admission on the
 decode replica, and holds that slot until its end. ``summarize(frame, slots=(prefill,
-decode))``, ``plots.occupancy_series`` and the table ``simsim run`` prints read the
+decode))``, ``results.occupancy_series`` and the table ``simsim run`` prints read the
 same intervals, so they report the same numbers; the wait for a decode slot is
 queueing, never slot time.
 """
@@ -20,7 +20,6 @@ from test_cluster_scenario import document, write
 from test_disaggregation import COSTS, LINK
 
 import simsim
-from simsim import plots
 from simsim.cli import main
 from simsim.cluster import DisaggregatedCluster
 from simsim.run_folder import read_run_folder
@@ -78,7 +77,7 @@ def test_the_wait_for_a_decode_slot_is_queueing_not_slot_time() -> None:
 
 
 def test_occupancy_series_has_a_queue_and_slots_per_pool() -> None:
-    series = plots.occupancy_series(backed_up().requests_frame())
+    series = simsim.results.occupancy_series(backed_up().requests_frame())
     assert list(series.columns) == [
         "time_us",
         "queue_length",
@@ -139,7 +138,7 @@ def test_a_backed_up_decode_pool_prints_honest_occupancy_everywhere(
         assert 0 <= summary[f"{pool}utilization"] <= 1
         # the figure's counts never pass the pool's slots, and their time averages
         # over the window are summarize's rows
-        series = plots.occupancy_series(requests)
+        series = simsim.results.occupancy_series(requests)
         assert series[f"{pool}occupancy"].max() <= slots
         start = int(requests["arrival_time_us"].min())
         end = int(requests["finish_time_us"].max())

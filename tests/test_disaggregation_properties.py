@@ -37,7 +37,6 @@ from hypothesis import strategies as st
 from test_cluster_properties import BLOCK, COSTS, property_settings, token_times
 
 import simsim
-from simsim import plots
 from simsim.cluster import (
     ROUTERS,
     DisaggregatedCluster,
@@ -495,7 +494,7 @@ def test_each_pools_occupancy_stays_within_its_slots(setup: Setup, workload: Wor
         return
     for prefix in ("", "prefill_", "decode_"):
         assert 0 <= summary[f"{prefix}utilization"] <= 1, prefix
-    series = plots.occupancy_series(frame)
+    series = simsim.results.occupancy_series(frame)
     assert series["prefill_occupancy"].max() <= slots[0]
     assert series["decode_occupancy"].max() <= slots[1]
     stays = (frame["finish_time_us"] - frame["arrival_time_us"]).clip(lower=0).sum()

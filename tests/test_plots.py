@@ -233,7 +233,7 @@ def test_occupancy_series_of_the_worked_example(backend: simsim.SimulatedBackend
     # The table of docs/semantics.md: admit 0/140/240/240, finish 140/240/240/410.
     assert frame["admit_time_us"].tolist() == [0, 140, 240, 240]
     assert frame["finish_time_us"].tolist() == [140, 240, 240, 410]
-    series = plots.occupancy_series(frame)
+    series = simsim.results.occupancy_series(frame)
     assert list(series.columns) == ["time_us", "queue_length", "occupancy"]
     assert all(dtype == np.dtype("int64") for dtype in series.dtypes)
     # 0 admitted at once; 1 and 2 queue at 50, 3 at 60; 1 admitted at 140 as 0 leaves;
@@ -270,7 +270,7 @@ def test_occupancy_series_cancellations_and_unfinished_requests() -> None:
             (4, 250, None, None),  # still queued at the end
         ]
     )
-    series = plots.occupancy_series(frame)
+    series = simsim.results.occupancy_series(frame)
     assert series.to_numpy().tolist() == [
         [0, 0, 0],
         [100, 0, 1],
@@ -283,14 +283,14 @@ def test_occupancy_series_cancellations_and_unfinished_requests() -> None:
 
 
 def test_occupancy_series_of_no_requests_is_one_zero_row() -> None:
-    assert plots.occupancy_series(hand_frame([])).to_numpy().tolist() == [[0, 0, 0]]
+    assert simsim.results.occupancy_series(hand_frame([])).to_numpy().tolist() == [[0, 0, 0]]
 
 
 def test_occupancy_series_agrees_with_the_event_log(small_results: Path) -> None:
     """Occupancy rises only at admissions recorded in the admissions table."""
     requests = read_run_folder(small_results).requests()
     admissions = read_run_folder(small_results).table("admissions")
-    series = plots.occupancy_series(requests)
+    series = simsim.results.occupancy_series(requests)
     rises = series["time_us"][series["occupancy"].diff().fillna(series["occupancy"]) > 0]
     assert set(rises.tolist()) <= set(admissions["timestamp_us"].astype(int).tolist())
     assert series["occupancy"].max() == 1  # one slot

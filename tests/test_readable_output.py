@@ -15,9 +15,9 @@ from test_class_scenario import ADMISSION, scenario_text
 from test_cluster_results import EASY, cluster_tables
 
 import simsim
-from simsim import cli, plots
+from simsim import plots
 from simsim.admission import REJECTION_REASONS
-from simsim.cli import main
+from simsim.cli import main, report
 from simsim.cluster import Cluster
 from simsim.wording import counted
 
@@ -63,7 +63,7 @@ def test_the_requests_line_says_why_requests_were_rejected_in_words(
 
 
 def test_every_rejection_reason_has_its_words() -> None:
-    assert set(cli._REJECTIONS) == set(REJECTION_REASONS)
+    assert set(report._REJECTIONS) == set(REJECTION_REASONS)
 
 
 ONE_OF_EACH = """
@@ -171,7 +171,7 @@ def test_a_sweep_over_replicas_ticks_whole_replica_counts() -> None:
         for n in (1, 2)
         for metric, value in (("throughput_requests_per_s", 10.0 * n), ("ttft_us_p99", 1e5))
     ]
-    folder = plots.SweepFolder(Path("sweep"), pd.DataFrame(rows), "replicas", (), 0.95)
+    folder = simsim.sweeps.SweepFolder(Path("sweep"), pd.DataFrame(rows), "replicas", (), 0.95)
     figure = plots.draw_sweep_throughput(folder)
     assert whole_ticks(figure.axes[0].xaxis) == [1, 2]
     plt.close(figure)

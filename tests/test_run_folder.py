@@ -164,10 +164,10 @@ RUNS = {
 
 def run_tables(text: str) -> dict[str, pd.DataFrame]:
     """The tables simsim run writes for the scenario *text*."""
-    from simsim.cli import _engine_tables
+    from simsim import results
 
     scenario = parse_scenario(tomllib.loads(text), source="run.toml")
-    return _engine_tables(run_scenario(scenario))
+    return results.run_tables(run_scenario(scenario))
 
 
 def assert_reads_back(folder: Path, frames: dict[str, pd.DataFrame], fmt: str) -> None:
@@ -199,14 +199,14 @@ def test_every_kind_of_run_reads_back_as_it_was(tmp_path: Path, kind: str, fmt: 
 def test_a_served_record_reads_back_as_it_was(tmp_path: Path) -> None:
     from helpers import serve_backend, serving
 
-    from simsim.cli import _engine_tables
+    from simsim import results
 
     engine = simsim.BatchingEngine(serve_backend(100), max_active_requests=2)
     with serving(engine, 1000) as (server, http, _):
         for priority in (None, 3):
             body = {"model": "simsim", "prompt": [1, 2, 3], "max_tokens": 2, "priority": priority}
             assert http.post(f"{server.base_url}/completions", json=body).status_code == 200
-    frames = _engine_tables(engine)  # what simsim serve --record writes
+    frames = results.run_tables(engine)  # what simsim serve --record writes
     assert frames["requests"]["request_class"].isna().all()
     for fmt in ("csv", "parquet"):
         assert_reads_back(tmp_path / fmt, frames, fmt)

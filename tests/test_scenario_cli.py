@@ -1027,7 +1027,7 @@ def test_validate_prints_ok_without_running(
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("validate must not run the simulation")
 
-    monkeypatch.setattr("simsim.cli.run_scenario", boom)
+    monkeypatch.setattr("simsim.cli.run.run_scenario", boom)
     monkeypatch.setattr("simsim.scenario.run_scenario", boom)
     monkeypatch.setattr(simsim.SimulationEngine, "run", boom)
     monkeypatch.chdir(tmp_path)

@@ -39,6 +39,7 @@ from test_cluster_results import BALANCE_ROWS
 
 from simsim import cli, plots
 from simsim.cli import main
+from simsim.sweeps import SweepFolder
 from simsim.sweeps.grid import expand_grid
 from simsim.sweeps.spec import load_sweep
 from simsim.sweeps.sweep import SUMMARY_COLUMNS
@@ -1233,7 +1234,7 @@ def test_sweep_figures_draw_one_shaded_line_per_configuration_against_load(
 ) -> None:
     result, folder = run_example("batching_load")
     assert result.returncode == 0, result.stderr
-    sweep = plots.SweepFolder.read(folder)
+    sweep = SweepFolder.read(folder)
     assert sweep.load == "workload.rate_per_s"
     cases = ["single_slot", "batching_8", "batching_16"]
     for draw, panels in ((plots.draw_sweep_latency, 9), (plots.draw_sweep_throughput, 4)):
@@ -1271,7 +1272,7 @@ def test_sweep_figures_shade_intervals_only_within_each_metrics_range(tmp_path: 
         ):
             rows.append((point, rate, metric, mean, 1.0, 3, low, high))
     summary = pd.DataFrame(rows, columns=["point", "workload.rate_per_s", *SUMMARY_COLUMNS])
-    folder = plots.SweepFolder(tmp_path, summary, "workload.rate_per_s", (), 0.95)
+    folder = SweepFolder(tmp_path, summary, "workload.rate_per_s", (), 0.95)
     shaded: dict[str, tuple[float, float]] = {}
     for draw in (plots.draw_sweep_latency, plots.draw_sweep_throughput):
         fig = draw(folder)
@@ -1330,7 +1331,9 @@ def run_on_a_terminal(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int,
     stdout, terminal = io.StringIO(), FakeTerminal()
     monkeypatch.setattr(sys, "stdout", stdout)
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(cli, "ProgressBar", functools.partial(cli.ProgressBar, delay_s=0.0))
+    monkeypatch.setattr(
+        "simsim.cli.sweep.ProgressBar", functools.partial(cli.ProgressBar, delay_s=0.0)
+    )
     code = main(list(argv))
     monkeypatch.undo()
     return code, stdout.getvalue(), terminal.getvalue()

@@ -86,6 +86,12 @@ def metric_names(**summarize_options: Any) -> list[str]:
     return list(summarize(requests_frame([]), **summarize_options).index)
 
 
+def scenario_metrics(**summarize_options: Any) -> list[str]:
+    """The metrics a scenario's run reports: ``summarize``'s with the server's slots,
+    whose occupancy rows come after the others (issue 25, point 5)."""
+    return metric_names(slots=1, **summarize_options)
+
+
 def with_settings(document: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
     """*document* with every dotted key of *settings* set (written here, not the library's)."""
     result = copy.deepcopy(dict(document))
@@ -467,7 +473,8 @@ def test_the_same_settings_under_another_case_name_get_other_seeds() -> None:
 def test_runs_frame_columns_order_and_dtypes(reference: simsim.SweepResult) -> None:
     runs = reference.runs
     axes = list(EXECUTOR_GRID)
-    assert list(runs.columns) == ["point", "case", *axes, "replication", "seed", *metric_names()]
+    metrics = scenario_metrics()
+    assert list(runs.columns) == ["point", "case", *axes, "replication", "seed", *metrics]
     for column in ("point", "replication", "seed"):
         assert runs[column].dtype == np.int64
     # Sorted by point then replication; cases slowest, the last axis fastest.
@@ -489,7 +496,7 @@ def test_summary_columns_and_student_t_intervals_from_the_runs() -> None:
         ttft_slo_us=500_000,
         workers=1,
     )
-    metrics = metric_names(ttft_slo_us=500_000)
+    metrics = scenario_metrics(ttft_slo_us=500_000)
     assert "slo_attainment" in metrics and "goodput_requests_per_s" in metrics
     summary = result.summary
     assert list(summary.columns) == [
@@ -584,12 +591,12 @@ def test_one_replication_gives_nan_intervals() -> None:
     assert (summary["count"] == 1).all()
     assert summary[["std", "ci_low", "ci_high"]].isna().all().all()
     means = summary.set_index("metric")["mean"]
-    np.testing.assert_array_equal(means.to_numpy(), result.runs.loc[0, metric_names()])
+    np.testing.assert_array_equal(means.to_numpy(), result.runs.loc[0, scenario_metrics()])
 
 
 def test_no_grid_and_no_cases_run_the_base_scenario() -> None:
     result = simsim.sweep(BASE, replications=2, seed=3, workers=1)
-    assert list(result.runs.columns) == ["point", "replication", "seed", *metric_names()]
+    assert list(result.runs.columns) == ["point", "replication", "seed", *scenario_metrics()]
     assert result.axes == () and result.cases == () and result.load is None
     assert list(result.summary.columns[:2]) == ["point", "metric"]
     assert_rows_match_direct_runs(result, BASE)
@@ -695,7 +702,7 @@ def test_grid_over_slots_and_policy_with_a_batching_case_matches_direct_runs() -
     )
     assert result.cases == tuple(cases)
     options = {"ttft_slo_us": 300_000, "tpot_slo_us": 9_000.0, "percentiles": (50, 95, 99.9)}
-    metrics = metric_names(**options)
+    metrics = scenario_metrics(**options)
     assert "ttft_us_p99.9" in metrics and "ttft_us_p99" not in metrics
     assert list(result.runs.columns[6:]) == metrics
     assert_rows_match_direct_runs(result, BASE, cases, **options)
@@ -754,7 +761,7 @@ def test_grid_over_list_or_table_valued_keys(key: str, values: list[Any]) -> Non
         del base["workload"]["rate_per_s"]  # give either rate_per_s or arrivals
     result = simsim.sweep(base, {key: values}, replications=2, workers=1)
     assert result.runs[key].tolist() == [values[0], values[0], values[1], values[1]]
-    assert len(result.summary) == 2 * len(metric_names())
+    assert len(result.summary) == 2 * len(scenario_metrics())
 
 
 def test_a_model_receives_its_case_settings(calls: list[tuple[dict[str, Any], int]]) -> None:
@@ -1097,7 +1104,7 @@ def test_run_files_without_a_metric_order_are_loaded_with_every_metric(tmp_path:
     balance = [c for c in fresh.runs.columns if c.startswith(("replicas", "replica_"))]
     assert len(balance) == 8
     columns = ["point", "workload.rate_per_s", "replication", "seed"]
-    assert list(resumed.runs.columns) == [*columns, *metric_names(), *sorted(balance)]
+    assert list(resumed.runs.columns) == [*columns, *scenario_metrics(), *sorted(balance)]
     pdt.assert_frame_equal(resumed.runs, fresh.runs[list(resumed.runs.columns)])
 
 

@@ -25,7 +25,7 @@ from typing import Any, Final
 import pandas as pd
 
 from simsim.request import Request, RequestState
-from simsim.results import requests_frame, summarize
+from simsim.results import TOKEN_COLUMNS, requests_frame, summarize
 from simsim.run_folder import MEASURED_REQUEST_DTYPES, Format, write_run_folder
 from simsim.wording import counted
 
@@ -44,9 +44,6 @@ FAILED: Final = "FAILED"
 
 MEASURED_KEY: Final = "measured"
 """The manifest key that marks a results folder as measured (``run.json``)."""
-
-TOKEN_COLUMNS: Final = ("request_id", "token_index", "time_us")
-"""The columns of the ``tokens`` table."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,13 @@
 
 :func:`sweep` runs a grid of scenario settings with seeded replications and returns
 tidy tables; :func:`capacity_search` finds the highest load (or the fewest slots) that
-meets latency targets. Both run through a ``concurrent.futures.Executor``: a local
+meets latency (or occupancy) targets; :class:`SweepFolder` reads a finished sweep's
+results folder back. Sweeps and searches run through a ``concurrent.futures.Executor``: a local
 process pool by default, or a cluster's (Dask's ``Client(...).get_executor()``).
 """
 
 from simsim.sweeps.capacity import CapacityResult, capacity_search
+from simsim.sweeps.folder import SweepFolder
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid, run_seed
 from simsim.sweeps.runner import SweepFolderError
 from simsim.sweeps.signals import SweepStopped
@@ -17,6 +19,7 @@ __all__ = [
     "CapacityResult",
     "Case",
     "MeanInterval",
+    "SweepFolder",
     "SweepFolderError",
     "SweepPoint",
     "SweepResult",

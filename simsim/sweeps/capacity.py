@@ -35,7 +35,7 @@ from simsim.sweeps.runner import (
 from simsim.sweeps.stats import mean_interval, metric_range
 from simsim.sweeps.sweep import check_confidence, check_replications, runs_frame
 
-__all__ = ["CapacityResult", "Verdict", "capacity_search"]
+__all__ = ["OCCUPANCY_TARGETS", "CapacityResult", "Verdict", "capacity_search"]
 
 Verdict = Literal["meets", "misses", "uncertain"]
 Number = int | float
@@ -69,12 +69,29 @@ class CapacityResult:
     runs: pd.DataFrame
 
 
+OCCUPANCY_TARGETS = (
+    "utilization",
+    "mean_active_requests",
+    "mean_queue_length",
+    *(
+        f"{pool}_{name}"
+        for pool in ("prefill", "decode")
+        for name in ("utilization", "mean_active_requests", "mean_queue_length")
+    ),
+)
+"""The occupancy metrics a capacity search can target (an upper limit, as for
+latencies): a scenario's runs report them from its server's slots; a disaggregated
+cluster's also per pool (``prefill_``, ``decode_``)."""
+
+
 def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list[float]]:
     """Check *targets* (metric -> upper limit) and list the percentiles they need.
 
     A target names a metric of :func:`simsim.summarize`, e.g. ``ttft_us_p99``,
     ``tpot_us_p90``, ``e2e_latency_us_p50`` or ``queue_delay_us_mean``; a percentile
     that is not reported by default (``ttft_us_p95``) is added to the runs' summaries.
+    It may also name an occupancy metric (:data:`OCCUPANCY_TARGETS`), which every run
+    of a scenario reports (:func:`simsim.results.run_summary`).
     """
     if not isinstance(targets, Mapping) or not targets:
         raise ValueError(
@@ -90,6 +107,9 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
             or not math.isfinite(limit)
         ):
             raise ValueError(f"targets[{name!r}] must be a finite number, got {limit!r}")
+        if str(name) in OCCUPANCY_TARGETS:
+            checked[str(name)] = float(limit)
+            continue
         column, _, statistic = str(name).rpartition("_")
         if column not in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us") or not (
             statistic == "mean" or _is_percentile(statistic)
@@ -97,7 +117,8 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
             raise ValueError(
                 f"targets: unknown metric {name!r}; use <column>_<statistic> with column one "
                 "of queue_delay_us, ttft_us, e2e_latency_us, tpot_us and statistic 'mean' "
-                "or a percentile such as 'p99'"
+                "or a percentile such as 'p99', or an occupancy metric: "
+                f"{', '.join(OCCUPANCY_TARGETS)}"
             )
         if statistic != "mean":
             quantile = float(statistic[1:])
@@ -193,7 +214,7 @@ class _Search:
         meets = True
         misses = False
         for metric, limit in self.targets.items():
-            values = [self.records[key, r].metrics[metric] for r in range(count)]
+            values = [self._metric(self.records[key, r], metric) for r in range(count)]
             interval = mean_interval(values, self.confidence, bounds=metric_range(metric))
             row[f"{metric}_mean"] = interval.mean
             row[f"{metric}_ci_low"] = interval.low
@@ -206,6 +227,17 @@ class _Search:
         verdict: Verdict = "misses" if misses else ("meets" if meets else "uncertain")
         row["verdict"] = verdict
         return verdict, row
+
+    @staticmethod
+    def _metric(record: RunRecord, metric: str) -> float:
+        """*record*'s value of the target *metric*; a run that does not report it at all
+        (a model's, for an occupancy target) cannot be judged."""
+        if metric not in record.metrics:
+            raise ValueError(
+                f"targets: the runs report no {metric!r}; occupancy metrics come from a "
+                "scenario's server (a model's requests frame says nothing of its slots)"
+            )
+        return record.metrics[metric]
 
     def judge(self, values: Sequence[Number]) -> list[bool]:
         """Whether each value surely meets the targets, adding replications if unsure."""
@@ -253,7 +285,9 @@ def capacity_search(
     ``find="min"`` the search looks for the lowest value instead, as for the fewest
     ``"batching.max_active_requests"`` that meet the targets. *targets* maps metrics of
     :func:`simsim.summarize` (``ttft_us_p99``, ``tpot_us_p90``, ``e2e_latency_us_p99``,
-    any percentile such as ``ttft_us_p95``) to upper limits in microseconds. Integer
+    any percentile such as ``ttft_us_p95``) to upper limits in microseconds, or an
+    occupancy metric (:data:`OCCUPANCY_TARGETS`, ``utilization`` say) to its upper
+    limit. Integer
     bounds give an integer search that stops at adjacent values; float bounds stop when
     the interval is at most *tolerance* wide (default: a hundredth of the range).
 
@@ -345,13 +379,8 @@ def run_searches(
         for configuration in configurations:
             found, runs = search(
                 runner,
-                bounds.parameter,
+                bounds,
                 case=configuration,
-                low=bounds.low,
-                high=bounds.high,
-                integer=bounds.integer,
-                tolerance=bounds.tolerance,
-                find=bounds.find,
                 targets=targets,
                 replications=replications,
                 max_replications=max_replications,
@@ -405,14 +434,9 @@ def check_tolerance(tolerance: object, low: Number, high: Number, integer: bool)
 
 def search(
     runner: Runner,
-    parameter: str,
+    bounds: SearchBounds,
     *,
     case: Case | None,
-    low: Number,
-    high: Number,
-    integer: bool,
-    tolerance: Number,
-    find: Literal["max", "min"],
     targets: Mapping[str, float],
     replications: int,
     max_replications: int,
@@ -420,8 +444,12 @@ def search(
 ) -> tuple[CapacityResult, list[RunRecord]]:
     """Bisection with an open :class:`Runner` (shared by the searches of one sweep file).
 
-    Returns the result and the records of every run it used, in probing order.
+    *bounds* says what is searched: the parameter, its range, whether it is an integer,
+    the stopping width and which end is sought. Returns the result and the records of
+    every run it used, in probing order.
     """
+    parameter, low, high = bounds.parameter, bounds.low, bounds.high
+    tolerance, integer, find = bounds.tolerance, bounds.integer, bounds.find
     state = _Search(runner, parameter, case, targets, replications, max_replications, confidence)
     state.expect(2 + max(0, math.ceil(math.log2(max(1.0, abs(high - low) / tolerance)))))
     # "easy" is the end of the range where targets are easiest to meet.

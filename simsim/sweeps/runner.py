@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from simsim.results import DEFAULT_PERCENTILES, requests_frame, summarize
+from simsim.results import DEFAULT_PERCENTILES, requests_frame, run_summary, summarize
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
 from simsim.sweeps.pool import WorkerPool
@@ -62,13 +62,20 @@ def metric_names(
     ttft_slo_us: int | None = None,
     tpot_slo_us: float | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    occupancy: bool = False,
 ) -> list[str]:
-    """The metrics :func:`simsim.summarize` reports with these settings, in order."""
+    """The metrics :func:`simsim.summarize` reports with these settings, in order.
+
+    *occupancy*: also the rows a server's slot count adds (``mean_queue_length``,
+    ``mean_active_requests``, ``utilization``), which every run of a scenario reports
+    (:func:`simsim.results.run_summary`); a model's runs report what its frame gives.
+    """
     empty = summarize(
         requests_frame([]),
         ttft_slo_us=ttft_slo_us,
         tpot_slo_us=tpot_slo_us,
         percentiles=percentiles,
+        slots=1 if occupancy else None,
     )
     return [str(name) for name in empty.index]
 
@@ -154,21 +161,30 @@ class RunTask:
 
 
 def execute(task: RunTask) -> dict[str, float]:
-    """Run one replication and return its summary metrics (called in a worker)."""
+    """Run one replication and return its summary metrics (called in a worker).
+
+    A scenario's run is summarised with its server's slots and replicas
+    (:func:`simsim.results.run_summary`: occupancy and load-balance rows included), as
+    ``simsim run`` summarises it; a model's frame by :func:`simsim.summarize` alone.
+    """
     source = task.source
     if source.model is not None:
-        frame = source.model(dict(task.settings), task.seed)
+        summary = summarize(
+            source.model(dict(task.settings), task.seed),
+            ttft_slo_us=task.ttft_slo_us,
+            tpot_slo_us=task.tpot_slo_us,
+            percentiles=task.percentiles,
+        )
     else:
         assert source.document is not None
         document = apply_settings(source.document, {**task.settings, "scenario.seed": task.seed})
         scenario = parse_scenario(document, source=source.source, base_dir=Path(source.base_dir))
-        frame = run_scenario(scenario).requests_frame()
-    summary = summarize(
-        frame,
-        ttft_slo_us=task.ttft_slo_us,
-        tpot_slo_us=task.tpot_slo_us,
-        percentiles=task.percentiles,
-    )
+        summary = run_summary(
+            run_scenario(scenario),
+            ttft_slo_us=task.ttft_slo_us,
+            tpot_slo_us=task.tpot_slo_us,
+            percentiles=task.percentiles,
+        )
     return {str(name): float(value) for name, value in summary["value"].items()}
 
 
@@ -366,7 +382,10 @@ class Runner:
         self._workers = workers if workers is not None else (os.cpu_count() or 1)
         self._progress = progress
         self.metrics = metric_names(
-            ttft_slo_us=ttft_slo_us, tpot_slo_us=tpot_slo_us, percentiles=percentiles
+            ttft_slo_us=ttft_slo_us,
+            tpot_slo_us=tpot_slo_us,
+            percentiles=percentiles,
+            occupancy=source.model is None,
         )
         self.percentiles = tuple(float(q) for q in percentiles)
         self._store = None if out is None else _Store(Path(out), self.fingerprint())

@@ -302,21 +302,3 @@ def write_tables(result: SweepResult, folder: Path) -> None:
 def is_sweep_folder(folder: str | os.PathLike[str]) -> bool:
     """Whether *folder* was written by a sweep (it has the sweep's manifest)."""
     return (Path(folder) / MANIFEST).is_file()
-
-
-def read_sweep_folder(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
-    """A finished sweep folder's manifest and summary table (what :func:`write_tables` wrote).
-
-    Raises ``FileNotFoundError`` naming the folder and the missing file.
-    """
-    path = Path(folder)
-    manifest_path = path / MANIFEST
-    summary_path = path / SUMMARY_FILE
-    for needed in (manifest_path, summary_path):
-        if not needed.exists():
-            raise FileNotFoundError(
-                f"{path} is not a finished sweep folder: {needed.name} is missing "
-                "(run 'simsim sweep' to the end first)"
-            )
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text(encoding="utf-8"))
-    return manifest, pd.read_csv(summary_path)

@@ -1,0 +1,47 @@
+"""``simsim validate``: check a scenario file without running it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simsim.cli.serve import serve_notes, serving_scenario
+from simsim.scenario import (
+    ScenarioError,
+    check_scenario,
+    load_scenario,
+)
+from simsim.wording import counted
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Check the scenario file (as ``run`` or, with ``--serve``, as ``serve`` reads it);
+    returns the exit status."""
+    if args.serve:
+        scenario = serving_scenario(args.scenario, args.backend)
+        scenario.build_engine()  # what serve builds (the fast engine's options are the same)
+        for note in serve_notes(scenario):
+            print(note, file=sys.stderr)
+        print(
+            f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+            "served over HTTP (the clients send the requests)"
+        )
+        return 0
+    scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
+    if not scenario.requests and scenario.workload is None:
+        raise ScenarioError(
+            scenario.source,
+            "",
+            "the scenario has no requests: add [[requests]], [trace] or [workload] to run "
+            "it; a serving scenario (simsim serve: its clients send the requests) is "
+            f"checked with: simsim validate {args.scenario} --serve",
+        )
+    # Submit every request to the engine (without running it): what run would refuse.
+    requests = check_scenario(scenario)
+    print(
+        f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+        f"{'' if scenario.cluster is None else f'cluster of {scenario.cluster.describe()}, '}"
+        f"{counted(len(requests), 'request')}, "
+        f"{counted(len(scenario.cancellations), 'cancellation')}"
+    )
+    return 0
