@@ -33,6 +33,7 @@ from simsim.wording import counted
 
 __all__ = [
     "LEGAL_TRANSITIONS",
+    "METADATA_COLUMNS",
     "METADATA_FIELDS",
     "SPEC_FIELDS",
     "TERMINAL_STATES",
@@ -178,10 +179,10 @@ class RequestSpec:
     max_output_tokens: int
     block_hashes: tuple[Hashable, ...] | None = None
     """The chain of hashes of the prompt's full KV blocks (prefix caching), or ``None``."""
-    request_class: str | None = field(default=None, metadata=_SCHEDULING)
-    tenant: str | None = field(default=None, metadata=_SCHEDULING)
-    priority: int = field(default=0, metadata=_SCHEDULING)
-    deadline_us: int | None = field(default=None, metadata=_SCHEDULING)
+    request_class: str | None = field(default=None, metadata={**_SCHEDULING, "column": "string"})
+    tenant: str | None = field(default=None, metadata={**_SCHEDULING, "column": "string"})
+    priority: int = field(default=0, metadata={**_SCHEDULING, "column": "int64"})
+    deadline_us: int | None = field(default=None, metadata={**_SCHEDULING, "column": "Int64"})
     tags: Mapping[str, Any] | None = field(default=None, hash=False, metadata=_SCHEDULING)
 
     # Written out (dataclass keeps a class's own __init__): one is made per request, and
@@ -281,6 +282,14 @@ METADATA_FIELDS: Final = tuple(
 )
 """The metadata fields a scheduler may order by besides the sizes (class, tenant,
 priority, deadline, tags); absent, each is its default and nothing changes."""
+
+METADATA_COLUMNS: Final = {
+    spec_field.name: spec_field.metadata["column"]
+    for spec_field in fields(RequestSpec)
+    if "column" in spec_field.metadata
+}
+"""The requests frame's metadata columns and their pandas dtypes, in field order (a
+field's ``column`` metadata); ``tags`` become one ``tag_<key>`` column per key instead."""
 
 _EXTRA_FIELDS: Final = SPEC_FIELDS[4:]
 _spec_values = operator.attrgetter(*SPEC_FIELDS)

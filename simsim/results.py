@@ -27,9 +27,10 @@ import numpy.typing as npt
 import pandas as pd
 
 from simsim.admission import REJECTION_REASONS
-from simsim.checks import check_weight
+from simsim.checks import check_real, check_weight
 from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
+from simsim.request import METADATA_COLUMNS as METADATA_COLUMN_DTYPES
 from simsim.request import Request, RequestState
 
 __all__ = [
@@ -133,16 +134,14 @@ def requests_frame(requests: Mapping[int, Request] | Iterable[Request]) -> pd.Da
     return frame
 
 
-METADATA_COLUMNS = ("request_class", "tenant", "priority", "deadline_us")
+METADATA_COLUMNS = tuple(METADATA_COLUMN_DTYPES)
 """The columns :func:`requests_frame` appends when any request carries metadata, then
 one ``tag_<key>`` column per tag key (in first-seen order)."""
 
 
 def _append_metadata(frame: pd.DataFrame, rows: Sequence[Request]) -> None:
-    frame["request_class"] = pd.array([r.request_class for r in rows], dtype="string")
-    frame["tenant"] = pd.array([r.tenant for r in rows], dtype="string")
-    frame["priority"] = pd.array([r.priority for r in rows], dtype="int64")
-    frame["deadline_us"] = pd.array([r.deadline_us for r in rows], dtype="Int64")
+    for column, dtype in METADATA_COLUMN_DTYPES.items():
+        frame[column] = pd.array([getattr(r, column) for r in rows], dtype=dtype)
     keys: dict[str, None] = {}
     for request in rows:
         if request.tags:
@@ -448,12 +447,7 @@ def _window(
 
 
 def _non_negative_real(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{name} must be a number of microseconds, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite number >= 0 microseconds, got {value!r}")
-    return number
+    return check_real(value, name, unit=" microseconds")
 
 
 def _int_or_none(value: Any) -> int | None:
