@@ -25,6 +25,7 @@ from simsim.engines import (
     KvCacheConfig,
     SimulationEngine,
 )
+from simsim.engines.server import Server, ServerLoad
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -72,6 +73,8 @@ __all__ = [
     "RequestState",
     "Scheduler",
     "SchedulerStats",
+    "Server",
+    "ServerLoad",
     "SimulatedBackend",
     "SimulatedBackendConfig",
     "SimulationEngine",

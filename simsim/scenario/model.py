@@ -157,7 +157,9 @@ class BatchingSpec:
 
 
 Server = EngineBase | Cluster
-"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them."""
+"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them. Kept as
+the union of the two built-in kinds for compatibility; both have the surface of the
+:class:`simsim.Server` protocol, which is what code that drives either should ask for."""
 
 SEEDED_ROUTERS = ("random", "power_of_two")
 """The routers that take a ``seed``."""

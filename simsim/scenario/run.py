@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.model import RequestSpec, Scenario, Server
 from simsim.wording import counted
@@ -83,13 +82,7 @@ def check_scenario(scenario: Scenario) -> list[RequestSpec]:
 
 def _admitted_counter(engine: Server) -> Callable[[], int]:
     """How many admissions *engine* has made so far (a cluster: its entry replicas')."""
-    if isinstance(engine, DisaggregatedCluster):
-        replicas: tuple[Any, ...] = engine.prefill_replicas
-    elif isinstance(engine, Cluster):
-        replicas = engine.replicas
-    else:
-        return lambda: len(engine.admission_log)
-    return lambda: sum(len(replica.admission_log) for replica in replicas)
+    return lambda: engine.admitted_count
 
 
 def _submitted(scenario: Scenario, specs: list[RequestSpec]) -> Server:
