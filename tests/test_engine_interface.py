@@ -64,10 +64,14 @@ def test_engines_leave_simpy_internals_to_the_clock_and_the_event_class(name: st
 PACKAGE = Path(simsim.__file__).parent
 
 # The measured hot paths that read env._now directly, each with its benchmark figure in
-# a comment: (module, function).
+# a comment (docs/performance.md, "Hot paths"): (module, function).
 _HOT_PATHS = {
-    ("engines/single_slot.py", "_on_decode_step"),
-    ("engines/fast_single_slot.py", "_on_work_done"),
+    ("engines/single_slot.py", "_on_decode_step"),  # once per token
+    ("engines/fast_single_slot.py", "_on_work_done"),  # once per request: most of its time
+    ("engines/base.py", "submit"),  # once per request, as the next three
+    ("engines/base.py", "_enqueue_arrival"),
+    ("engines/single_slot.py", "_admit"),
+    ("engines/single_slot.py", "_finish"),
 }
 
 
