@@ -319,8 +319,8 @@ class Scenario:
                 self.source,
                 "cluster",
                 f"the scenario describes a cluster ({self.cluster.describe()}), not one "
-                "engine; build it with Scenario.build() (simsim serve serves one server: "
-                "remove [cluster])",
+                "engine; build it with Scenario.build(), which also gives what "
+                "simsim.live serves",
             )
         return self._build_server(env or Environment(), self.batching)
 
