@@ -138,6 +138,10 @@ class EngineBase(ABC):
     :meth:`_cancel_active`; it may refine :meth:`_check_admissible` and
     :meth:`_fill_free_slot`. Its event callbacks are written with
     :func:`lifecycle_handler` (a request's event) or :func:`engine_work` (any other).
+
+    An engine is a :class:`~simsim.engines.server.Server`; a cluster drives it as a
+    replica through :attr:`replica_port` only (which reads the hooks :meth:`_load`,
+    :meth:`_admission_rule` and :meth:`_prefix_lookup`).
     """
 
     def __init__(
