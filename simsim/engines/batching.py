@@ -240,6 +240,7 @@ class BatchingEngine(EngineBase):
         self._hand_off: Callable[[Request, int], None] | None = None
         self._link: KvLink | None = None
         self._incoming: set[int] = set()
+        self._preemption_count = 0
         # A backend's own iteration_us, unless it is SimulatedBackend's composition of
         # the two per-phase costs: those are priced part by part, each part checked.
         iteration_us = getattr(backend, "iteration_us", None)
