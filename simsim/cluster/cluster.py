@@ -46,6 +46,7 @@ from simsim.engines.base import EngineBase
 from simsim.engines.events import LifecycleEvent
 from simsim.engines.port import PrefixLookup, ReplicaPort
 from simsim.engines.server import (
+    LoadFigures,
     ServerLoad,
     cancel_before_arrival,
     check_new_request,
@@ -80,7 +81,7 @@ _LOGS = {
 }
 
 
-_Probe = tuple[Callable[[], ServerLoad], int, PrefixLookup | None]
+_Probe = tuple[Callable[[], LoadFigures], int, PrefixLookup | None]
 
 
 def _probe(engine: EngineBase) -> _Probe:
@@ -360,11 +361,11 @@ class Cluster:
         queued = running = preempted = 0
         usage = 0.0
         for port in self._ports:
-            load = port.load()
-            queued += load.queued_count
-            running += load.running_count
-            usage += load.kv_cache_usage
-            preempted += load.preemption_count
+            queued_here, running_here, usage_here, preempted_here = port.load()
+            queued += queued_here
+            running += running_here
+            usage += usage_here
+            preempted += preempted_here
         return ServerLoad(queued, running, usage / len(self._ports), preempted)
 
     @property

@@ -32,6 +32,7 @@ from simsim.clock import Environment, check_count
 from simsim.engines.arrivals import PendingArrivals
 from simsim.engines.events import LifecycleEvent
 from simsim.engines.server import (
+    LoadFigures,
     ServerLoad,
     cancel_before_arrival,
     check_new_request,
@@ -317,12 +318,13 @@ class EngineBase(ABC):
         """The engine's load now (:class:`~simsim.engines.server.ServerLoad`): what a
         cluster's router, the live driver and its metrics read."""
         self._check_alive()
-        return self._load()
+        return ServerLoad(*self._load())
 
-    def _load(self) -> ServerLoad:
-        """:meth:`load` without the check (the replica port's, for a router)."""
+    def _load(self) -> LoadFigures:
+        """:meth:`load`'s figures as a plain tuple, without the check (the replica
+        port's, for a router)."""
         running = self._running_count()
-        return ServerLoad(len(self._scheduler), running, running / self.max_active_requests, 0)
+        return len(self._scheduler), running, running / self.max_active_requests, 0
 
     @property
     def prefix_cache(self) -> bool:

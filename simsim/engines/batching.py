@@ -38,7 +38,7 @@ from simsim.backend import (
 from simsim.clock import MAX_TIME_US, Environment, ScheduledEvent, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
-from simsim.engines.server import ServerLoad
+from simsim.engines.server import LoadFigures
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
@@ -397,7 +397,7 @@ class BatchingEngine(EngineBase):
         self._check_alive()
         return self._load()[2]
 
-    def _load(self) -> ServerLoad:
+    def _load(self) -> LoadFigures:
         running = len(self._slots)
         cache = self._kv_cache
         if cache is None:
@@ -406,7 +406,7 @@ class BatchingEngine(EngineBase):
             pool = self._pool
             used = pool.used_blocks if pool is not None else cache.total_blocks - self._free_blocks
             usage = used / cache.total_blocks
-        return ServerLoad(len(self._scheduler), running, usage, self._preemption_count)
+        return len(self._scheduler), running, usage, self._preemption_count
 
     @property
     def kv_capacity_tokens(self) -> int | None:

@@ -12,7 +12,7 @@ and nothing else:
   replica for, inside the arrival event that routed it; :meth:`ReplicaPort.check_admissible`
   and :meth:`ReplicaPort.admission_rule` let the cluster check at its ``submit`` what the
   engine would refuse;
-* **load**: :attr:`ReplicaPort.load` is the engine's
+* **load**: :attr:`ReplicaPort.load` gives the figures of the engine's
   :class:`~simsim.engines.server.ServerLoad`, unchecked (the router reads it at every
   decision); :meth:`ReplicaPort.prefix_lookup` and :meth:`ReplicaPort.frozen_prefix_lookup`
   answer how much of a prompt its prefix cache holds;
@@ -34,7 +34,7 @@ from simpy.events import Event
 
 from simsim.engines.base import EngineBase
 from simsim.engines.batching import BatchingEngine
-from simsim.engines.server import ServerLoad
+from simsim.engines.server import LoadFigures
 from simsim.request import Request
 
 if TYPE_CHECKING:
@@ -59,8 +59,10 @@ class ReplicaPort:
     * ``accept_routed(request, sequence)``: *request* (checked by the cluster's
       ``submit``) arrives here now, inside the arrival event numbered *sequence*, as if
       that were the engine's own arrival event; an error fails the engine.
-    * ``load()``: the engine's :class:`~simsim.engines.server.ServerLoad` now, without
-      the failure check of ``engine.load()``.
+    * ``load()``: the figures of the engine's :class:`~simsim.engines.server.ServerLoad`
+      now, as a plain tuple in its field order
+      (:data:`~simsim.engines.server.LoadFigures`), without the failure check of
+      ``engine.load()``.
     """
 
     __slots__ = ("_engine", "accept_routed", "load")
@@ -68,7 +70,7 @@ class ReplicaPort:
     def __init__(self, engine: EngineBase) -> None:
         self._engine = engine
         self.accept_routed: Callable[[Request, int], None] = engine._accept_routed
-        self.load: Callable[[], ServerLoad] = engine._load
+        self.load: Callable[[], LoadFigures] = engine._load
 
     @property
     def engine(self) -> EngineBase:
