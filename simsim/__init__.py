@@ -26,6 +26,7 @@ from simsim.engines import (
     KvCacheConfig,
     SimulationEngine,
 )
+from simsim.engines.server import Server, ServerLoad
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -75,6 +76,8 @@ __all__ = [
     "RequestState",
     "Scheduler",
     "SchedulerStats",
+    "Server",
+    "ServerLoad",
     "SimulatedBackend",
     "SimulatedBackendConfig",
     "SimulationEngine",

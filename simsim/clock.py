@@ -15,6 +15,7 @@ model that runs on it, simsim's engines and foreign SimPy processes alike:
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 from heapq import heappop, heappush
@@ -34,6 +35,7 @@ __all__ = [
     "NORMAL",
     "URGENT",
     "Environment",
+    "ScheduledEvent",
     "check_count",
     "check_time_us",
     "ms_to_us",
@@ -233,6 +235,32 @@ class Environment(simpy.Environment):
         heappush(self._queue, (at_us, priority, sequence, event))
         return sequence
 
+    def processed_event(self, value: Any) -> Event:
+        """An event that has already succeeded with *value* and been processed.
+
+        Nothing enters the heap: a process that yields it resumes at once with *value*,
+        and callbacks can no longer be added to it (as for any processed event).
+        """
+        event = Event(self)
+        event._ok = True
+        event._value = value
+        event.callbacks = None  # type: ignore[assignment]
+        return event
+
+    def boundary_event(self, callback: Callable[[Event], None]) -> Event:
+        """Schedule *callback* at the end of the current timestamp and return its event.
+
+        The event succeeds with ``None`` at ``now`` with :data:`BOUNDARY` priority, so
+        *callback* runs after every URGENT and NORMAL event of this timestamp, including
+        those scheduled while it is being processed.
+        """
+        event = Event(self)
+        event._ok = True
+        event._value = None
+        event.callbacks.append(callback)
+        heappush(self._queue, (self._now, BOUNDARY, next(self._eid), event))
+        return event
+
     def next_sequence(self) -> int:
         """Take a sequence number now, for an event that enters the heap later.
 
@@ -391,3 +419,21 @@ class Environment(simpy.Environment):
                     f'No scheduled events left but "until" event was not triggered: {until}'
                 ) from None
         return None
+
+
+class ScheduledEvent(Event):
+    """An event that is triggered (succeeded with ``None``) and scheduled when built.
+
+    ``ScheduledEvent(env, callback, at_us)`` puts itself in *env*'s heap at the absolute
+    time *at_us* (an ``int`` no earlier than ``now``; past ``2**63 - 1`` is an
+    ``OverflowError``) with NORMAL priority and keeps its heap sequence number as
+    :attr:`sequence`. An engine subclasses it for work whose end is known when it starts
+    (an iteration, a transfer): one object, one heap entry, no process.
+    """
+
+    def __init__(self, env: Environment, callback: Callable[[Event], None], at_us: int) -> None:
+        self.env = env
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+        self.sequence = env.schedule_at(self, at_us)

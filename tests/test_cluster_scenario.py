@@ -522,18 +522,6 @@ def test_simsim_run_refuses_a_bad_cluster_key(
     assert not (tmp_path / "out" / "requests.csv").exists()
 
 
-def test_simsim_serve_refuses_a_cluster_before_serving(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = write(tmp_path, document(cluster={"replicas": 2}))
-    assert main(["serve", str(path), "--port", "0"]) == 2
-    assert capsys.readouterr().err == (
-        f"simsim: error: {path}: cluster: simsim serve serves one server, and the file "
-        "describes a cluster (2 replicas, router round_robin); remove [cluster] to serve one "
-        "replica (simsim run and simsim sweep simulate the cluster)\n"
-    )
-
-
 def test_simsim_run_counts_a_replica_that_got_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

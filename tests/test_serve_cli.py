@@ -380,13 +380,51 @@ def _scenario_file(path: Path, engine: str, tables: str) -> Path:
     return path
 
 
-def test_validate_serve_refuses_what_serve_refuses(
+def test_validate_serve_checks_a_cluster_as_serve_serves_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _scenario_file(tmp_path / "two.toml", "single_slot", "[cluster]\nreplicas = 2\n")
+    assert main(["validate", str(path), "--serve"]) == 0
+    assert capsys.readouterr().out == (
+        f"{path}: ok: scenario 'two', engine single_slot, cluster of 2 replicas, router "
+        "round_robin, served over HTTP (the clients send the requests)\n"
+    )
+
+
+def test_validate_serve_refuses_what_serve_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _scenario_file(tmp_path / "bad.toml", "batching", "[cluster]\nreplicas = 2\n")
     assert main(["validate", str(path), "--serve"]) == 2
-    line = capsys.readouterr().err.strip()
-    assert line.startswith(f"simsim: error: {path}: cluster: simsim serve serves one server"), line
+    line = capsys.readouterr().err
+    assert line == f"simsim: error: {path}: batching.max_active_requests: missing required key\n"
+    assert main(["serve", str(path), "--port", "0"]) == 2
+    assert capsys.readouterr().err == line
+
+
+def test_a_cluster_is_served_behind_one_endpoint_and_recorded_as_routed(
+    tmp_path: Path,
+) -> None:
+    path = _scenario_file(
+        tmp_path / "cluster.toml",
+        "batching",
+        "[batching]\nmax_active_requests = 4\n[cluster]\nreplicas = 2\n",
+    )
+    record = tmp_path / "served"
+    with _serve_process(tmp_path, str(path), "--record", str(record)) as (process, url):
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            answers = [
+                client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=n)
+                for n in (2, 3, 4, 5)
+            ]
+        out, _ = _stop(process, signal.SIGINT)
+    assert [answer.usage.completion_tokens for answer in answers if answer.usage] == [2, 3, 4, 5]
+    assert "served 4 requests (4 finished, 0 cancelled, 0 unfinished)" in out
+    run = read_run_folder(record)
+    requests = run.requests().sort_values("request_id")
+    assert list(requests["replica"]) == [0, 1, 0, 1]  # round_robin, as offline
+    summary = run.table("summary").set_index("metric")["value"]
+    assert summary["replicas"] == 2
 
 
 def test_a_prefix_cache_scenario_is_served_with_a_note(

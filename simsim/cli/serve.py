@@ -23,12 +23,12 @@ from simsim.cli.usage import UsageError
 from simsim.results import summarize
 from simsim.scenario import (
     Scenario,
-    ScenarioError,
     default_serve_scenario,
     load_scenario,
     out_of_memory_while,
 )
 from simsim.scenario.engine_kinds import ENGINE_KINDS
+from simsim.scenario.model import Server
 from simsim.sweeps.sweep import is_sweep_folder
 from simsim.wording import counted
 
@@ -108,8 +108,8 @@ def execute(args: argparse.Namespace) -> int:
     for note in serve_notes(scenario):
         print(note, file=sys.stderr)
     print(
-        f"simsim serve: model {options.model!r} ({scenario.name}, engine "
-        f"{type(engine).__name__}) on {server.base_url} at speed {args.speed:g}; "
+        f"simsim serve: model {options.model!r} ({scenario.name}, {served_as(scenario, engine)}"
+        f") on {server.base_url} at speed {args.speed:g}; "
         "times are simulated, not measured. Ctrl-C stops.",
         flush=True,
     )
@@ -145,22 +145,23 @@ def execute(args: argparse.Namespace) -> int:
 
 def serving_scenario(path: str | None, backend: str | None) -> Scenario:
     """The scenario ``simsim serve`` serves: the file at *path* (which needs no requests)
-    or the built-in server, with *backend*'s costs if given; a ``[cluster]`` is refused."""
+    or the built-in server, with *backend*'s costs if given; a ``[cluster]`` is served as
+    one OpenAI endpoint in front of its router, routed as offline."""
     if path is None:
         scenario = default_serve_scenario()
         if backend is not None:
             scenario = with_backend(scenario, backend)
     else:
         scenario = load_scenario(path, require_requests=False, backend=backend)
-    if scenario.cluster is not None:
-        raise ScenarioError(
-            scenario.source,
-            "cluster",
-            f"simsim serve serves one server, and the file describes a cluster "
-            f"({scenario.cluster.describe()}); remove [cluster] to serve one replica "
-            "(simsim run and simsim sweep simulate the cluster)",
-        )
     return scenario
+
+
+def served_as(scenario: Scenario, server: Server) -> str:
+    """What serves the requests, for the banner: ``engine SimulationEngine``, or
+    ``cluster of 4 x batching (least_outstanding), engine batching``."""
+    if scenario.cluster is None:
+        return f"engine {type(server).__name__}"
+    return f"cluster of {scenario.cluster.describe()}, engine {scenario.engine}"
 
 
 def serve_notes(scenario: Scenario) -> list[str]:

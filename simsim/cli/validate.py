@@ -7,6 +7,7 @@ import sys
 
 from simsim.cli.serve import serve_notes, serving_scenario
 from simsim.scenario import (
+    Scenario,
     ScenarioError,
     check_scenario,
     load_scenario,
@@ -19,12 +20,12 @@ def execute(args: argparse.Namespace) -> int:
     returns the exit status."""
     if args.serve:
         scenario = serving_scenario(args.scenario, args.backend)
-        scenario.build_engine()  # what serve builds (the fast engine's options are the same)
+        scenario.build_served()  # what serve builds: an engine or a cluster
         for note in serve_notes(scenario):
             print(note, file=sys.stderr)
         print(
             f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
-            "served over HTTP (the clients send the requests)"
+            f"{_cluster_words(scenario)}served over HTTP (the clients send the requests)"
         )
         return 0
     scenario = load_scenario(args.scenario, require_requests=False, backend=args.backend)
@@ -40,8 +41,13 @@ def execute(args: argparse.Namespace) -> int:
     requests = check_scenario(scenario)
     print(
         f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
-        f"{'' if scenario.cluster is None else f'cluster of {scenario.cluster.describe()}, '}"
+        f"{_cluster_words(scenario)}"
         f"{counted(len(requests), 'request')}, "
         f"{counted(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
+
+
+def _cluster_words(scenario: Scenario) -> str:
+    """``"cluster of 4 x batching (round_robin), "`` for a cluster scenario, else ``""``."""
+    return "" if scenario.cluster is None else f"cluster of {scenario.cluster.describe()}, "

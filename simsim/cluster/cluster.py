@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn, overload
 
-from simpy.events import PENDING, Event
+from simpy.events import Event
 
 from simsim.admission import (
     AdmissionControl,
@@ -42,9 +42,18 @@ from simsim.cluster.routers import (
     make_router,
 )
 from simsim.engines.arrivals import PendingArrivals
-from simsim.engines.base import EngineBase, unused_block_hashes
-from simsim.engines.batching import BatchingEngine
+from simsim.engines.base import EngineBase
 from simsim.engines.events import LifecycleEvent
+from simsim.engines.port import PrefixLookup, ReplicaPort
+from simsim.engines.server import (
+    LoadFigures,
+    ServerLoad,
+    cancel_before_arrival,
+    check_new_request,
+    check_request_lifetime,
+    reject_at_arrival,
+    take_arrival,
+)
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -52,11 +61,13 @@ from simsim.errors import (
     UnknownRequestError,
 )
 from simsim.records import EventLog, EventType
-from simsim.request import Request, RequestSpec, RequestState, submitted_request
+from simsim.request import Request, RequestSpec, submitted_request
 from simsim.wording import counted
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simsim.engines.server import Server
 
 __all__ = ["Cluster"]
 
@@ -70,35 +81,13 @@ _LOGS = {
 }
 
 
-def _born_processed(env: Environment, request: Request) -> Event:
-    event = Event(env)
-    event._ok = True
-    event._value = request
-    event.callbacks = None  # type: ignore[assignment]
-    return event
-
-
-def _frozen_lookup(keys: frozenset[Hashable]) -> Callable[[Sequence[Hashable]], int]:
-    def lookup(block_hashes: Sequence[Hashable]) -> int:
-        count = 0
-        for key in block_hashes:
-            if key not in keys:
-                break
-            count += 1
-        return count
-
-    return lookup
-
-
-_Probe = tuple[
-    Callable[[], tuple[int, int, float]], int, Callable[[Sequence[Hashable]], int] | None
-]
+_Probe = tuple[Callable[[], LoadFigures], int, PrefixLookup | None]
 
 
 def _probe(engine: EngineBase) -> _Probe:
     """How a snapshot reads *engine*: its load, its slot count, its prefix cache."""
-    cache = engine._pool if isinstance(engine, BatchingEngine) else None
-    return engine._load, engine.max_active_requests, None if cache is None else cache.match
+    port = engine.replica_port
+    return port.load, engine.max_active_requests, port.prefix_lookup()
 
 
 def check_prefix_router(router: Router, replicas: Sequence[EngineBase], pool: str) -> None:
@@ -116,7 +105,7 @@ def check_prefix_router(router: Router, replicas: Sequence[EngineBase], pool: st
         what = "scores replicas only by the cached prefix of a request"
     else:
         return
-    if any(engine._shares_prefixes() for engine in replicas):
+    if any(engine.prefix_cache for engine in replicas):
         return
     raise ValueError(
         f"router {router!r} {what}, and none of the {len(replicas)} {pool} has a prefix "
@@ -130,11 +119,11 @@ class _FreshSnapshots(Sequence[ReplicaSnapshot]):
     """The replicas' snapshots for one decision, each taken when the router first reads
     it (a router that reads two replicas pays for two)."""
 
-    __slots__ = ("_now", "_probes", "_taken")
+    __slots__ = ("_probes", "_taken", "_time_us")
 
     def __init__(self, probes: list[_Probe], now: int) -> None:
         self._probes = probes
-        self._now = now
+        self._time_us = now
         self._taken: list[ReplicaSnapshot | None] = [None] * len(probes)
 
     def __len__(self) -> int:
@@ -161,8 +150,8 @@ class _FreshSnapshots(Sequence[ReplicaSnapshot]):
     def _take(self, position: int) -> ReplicaSnapshot:
         """Read the replica at *position* now and keep its snapshot for this decision."""
         load, slots, lookup = self._probes[position]
-        queued, running, usage = load()
-        snapshot = ReplicaSnapshot(position, self._now, queued, running, slots, usage, lookup)
+        queued, running, usage, _ = load()
+        snapshot = ReplicaSnapshot(position, self._time_us, queued, running, slots, usage, lookup)
         self._taken[position] = snapshot
         return snapshot
 
@@ -237,9 +226,10 @@ class Cluster:
                     f"{counted(len(engine.requests), 'submitted request')}; "
                     "a replica must be new, and requests submitted through the cluster only"
                 )
-            if engine._cluster is not None:
+            cluster = engine.replica_port.cluster
+            if cluster is not None:
                 raise ValueError(
-                    f"{name}[{index}] is already a replica of {engine._cluster!r}; "
+                    f"{name}[{index}] is already a replica of {cluster!r}; "
                     "an engine serves one cluster"
                 )
             if engine.admission is not None:
@@ -267,35 +257,31 @@ class Cluster:
         admission = check_admission(admission)
         refresh_us = check_count(refresh_interval_us, "refresh_interval_us")
         self._replicas = replicas
+        self._ports: tuple[ReplicaPort, ...] = tuple(engine.replica_port for engine in replicas)
         self._env = replicas[0].env
         self._replica_failed = False  # set by a replica's failure: see _check_alive
-        for engine in replicas:
-            engine._cluster = self
-            engine._on_fail = self._note_replica_failure
+        # Checked here at each arrival; the replicas keep its queue counts (admission
+        # and cancellation of a request that never was admitted).
+        self._admission = admission
+        self._gate: AdmissionGate | None = None if admission is None else admission.gate()
+        for port in self._ports:
+            port.join(self, self._note_replica_failure, self._gate)
         self._front = front  # routes arrivals
         front.probes = [_probe(replicas[index]) for index in front.pool]
         # What submit checks: each replica's own rule, once per distinct rule (replicas
         # of one kind with one KV cache refuse the same requests).
         self._admission_checks: list[tuple[int, Callable[[Request], None]]] = []
-        rules: set[object] = set()
-        for index, engine in enumerate(replicas):
-            if type(engine)._check_admissible is EngineBase._check_admissible:
-                continue  # accepts every request
-            rule: object = index
-            if isinstance(engine, BatchingEngine):  # a prefill replica holds less
-                rule = (type(engine), engine.kv_cache, engine._hand_off is not None)
-            if rule not in rules:
+        rules: set[Hashable] = set()
+        for index, port in enumerate(self._ports):
+            rule = port.admission_rule()
+            if rule is not None and rule not in rules:
                 rules.add(rule)
-                self._admission_checks.append((index, engine._check_admissible))
+                self._admission_checks.append((index, port.check_admissible))
         # Hashes are used wherever a request meets a prefix cache, on any replica.
-        self._shares_prefixes = any(engine._shares_prefixes() for engine in replicas)
+        self._shares_prefixes = any(engine.prefix_cache for engine in replicas)
+        self._max_lifetime_us: int | None = None
+        self._backends = tuple({id(engine.backend): engine.backend for engine in replicas}.values())
         self._refresh_us = refresh_us
-        # Checked here at each arrival; the replicas keep its queue counts (admission
-        # and cancellation of a request that never was admitted).
-        self._admission = admission
-        self._gate: AdmissionGate | None = None if admission is None else admission.gate()
-        for engine in replicas:
-            engine._gate = self._gate
         self._rejected = EventLog()  # the arrivals of rejected requests
         self._requests: dict[int, Request] = {}
         # request id -> index of the replica that holds it now (routed requests only)
@@ -366,7 +352,59 @@ class Cluster:
         self._check_alive()
         request = self._requests[self._known(request_id)]
         gate = self._gate
-        return None if gate is None else gate.refill_us(request, self._env._now)
+        return None if gate is None else gate.refill_us(request, self._env.now)
+
+    def load(self) -> ServerLoad:
+        """The cluster's load now: its replicas' queued, running and preemption counts
+        summed, and their KV-cache usage averaged (each replica weighs the same)."""
+        self._check_alive()
+        queued = running = preempted = 0
+        usage = 0.0
+        for port in self._ports:
+            queued_here, running_here, usage_here, preempted_here = port.load()
+            queued += queued_here
+            running += running_here
+            usage += usage_here
+            preempted += preempted_here
+        return ServerLoad(queued, running, usage / len(self._ports), preempted)
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether any replica has a prefix cache (requests may then carry
+        ``block_hashes``)."""
+        return self._shares_prefixes
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The most tokens one request may hold in the KV cache of every replica that
+        has one (the smallest cache), or ``None`` when no replica has a KV cache."""
+        capacities = [
+            tokens
+            for tokens in (e.kv_capacity_tokens for e in self._replicas)
+            if tokens is not None
+        ]
+        return min(capacities) if capacities else None
+
+    @property
+    def admitted_count(self) -> int:
+        """Admissions so far on the replicas requests are routed to first (for a
+        disaggregated cluster, the prefill replicas); a readmission counts again."""
+        self._check_alive()
+        return sum(self._replicas[index].admitted_count for index in self._front.pool)
+
+    @property
+    def max_request_lifetime_us(self) -> int | None:
+        """The longest a request's own work may take on any replica, checked at
+        :meth:`submit` against each replica's backend (``None``: no limit); see
+        :attr:`EngineBase.max_request_lifetime_us
+        <simsim.engines.base.EngineBase.max_request_lifetime_us>`."""
+        return self._max_lifetime_us
+
+    @max_request_lifetime_us.setter
+    def max_request_lifetime_us(self, value: int | None) -> None:
+        self._max_lifetime_us = (
+            None if value is None else check_count(value, "max_request_lifetime_us", minimum=1)
+        )
 
     def replica_of(self, request_id: int) -> int | None:
         """The index of the replica that holds the request now (for a disaggregated
@@ -387,31 +425,16 @@ class Cluster:
         """
         request = submitted_request(request)
         self._check_alive()
-        if not isinstance(request, Request):
-            raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
-        if not request.is_fresh():
-            request.validate()
-            if not request.is_pristine:
-                raise ValueError(
-                    f"request {request.request_id} is not pristine (state "
-                    f"{request.state.name}); submit a new WAITING request with no tokens and "
-                    "no timestamps"
-                )
+        request = check_new_request(
+            request, self._requests, self._env.now, "cluster", self._shares_prefixes
+        )
         rid = request.request_id
-        if rid in self._requests:
-            raise ValueError(f"request {rid} was already submitted to this cluster")
-        if request._pending is not None or request._event is not None:
-            raise ValueError(f"request {rid} is already submitted to another engine")
-        now = self._env._now
-        if request.arrival_time_us < now:
-            raise ValueError(
-                f"request {rid} arrives at {request.arrival_time_us} us, before the current "
-                f"time {now} us"
-            )
-        if request.block_hashes is not None and not self._shares_prefixes:
-            raise ValueError(
-                unused_block_hashes(rid, "no replica of this cluster has a prefix cache")
-            )
+        limit_us = self._max_lifetime_us
+        if limit_us is not None:
+            for backend in {
+                id(engine.backend): engine.backend for engine in self._replicas
+            }.values():
+                check_request_lifetime(request, backend, limit_us)
         for index, check in self._admission_checks:
             try:
                 check(request)
@@ -436,17 +459,14 @@ class Cluster:
                 "DECODING or PREEMPTED request can be cancelled"
             )
         # Not arrived yet: its arrival event will come up and be ignored.
-        pending = request._pending
-        request.transition_to(RequestState.CANCELLED, self._env.now)
-        self._authorized[rid] = pending
-        request._pending = request._event = None
+        cancel_before_arrival(request, self._env.now, self._authorized)
         self._notify_unrouted(request)
 
     def _notify_unrouted(self, request: Request) -> None:
         """*request*, never routed, is terminal: its completion and token events fire."""
         rid = request.request_id
         event = self._completions.get(rid)
-        if event is not None and event._value is PENDING:
+        if event is not None and not event.triggered:
             event.succeed(request)
         for _, waiting in sorted(self._token_waiters.pop(rid, {}).items()):
             waiting.succeed(request)
@@ -462,7 +482,7 @@ class Cluster:
         if event is None:
             request = self._requests[rid]
             terminal = request.is_terminal
-            event = _born_processed(self._env, request) if terminal else Event(self._env)
+            event = self._env.processed_event(request) if terminal else Event(self._env)
             self._completions[rid] = event
         return event
 
@@ -476,9 +496,9 @@ class Cluster:
         number = check_count(n, "n", minimum=1)
         request = self._requests[rid]
         for index in self._front.pool:  # whichever it is routed to must give token events
-            self._replicas[index]._check_token_events(request)
+            self._ports[index].check_token_events(request)
         if request.is_terminal:
-            return _born_processed(self._env, request)
+            return self._env.processed_event(request)
         waiters = self._token_waiters.setdefault(rid, {})
         waiting = waiters.get(number)
         if waiting is None:
@@ -510,41 +530,33 @@ class Cluster:
 
     def _on_arrival(self, event: LifecycleEvent) -> None:
         self._arrivals.popped()
-        request = event.request
-        rid = request.request_id
-        if request._pending is not event:
-            if self._authorized.get(rid) is event and request.state is RequestState.CANCELLED:
-                del self._authorized[rid]
-                return
-            self._fail_with(
-                StaleEventError(
-                    f"request {rid} ({request.state.name}) was not waiting for its arrival "
-                    f"(sequence {event.sequence}) at {self._env.now} us"
-                )
-            )
-        request._pending = None
+        try:
+            arrived = take_arrival(event, self._authorized)
+        except StaleEventError as error:
+            self._fail_with(error)
+        if arrived is None:
+            return  # cancelled before it arrived
+        request = arrived
         if self._gate is not None:
-            reason = self._gate.arrive(request, self._env._now)
+            reason = self._gate.arrive(request, self._env.now)
             if reason is not None:
                 self._reject(request, reason, event.sequence)
                 return
         index = self._route(request, self._front)
         self._hand_to(request, index)
-        self._replicas[index]._accept_routed(request, event.sequence)
+        self._ports[index].accept_routed(request, event.sequence)
 
     def _reject(self, request: Request, reason: str, sequence: int) -> None:
         """The admission control turned *request* away as it arrived: it ends
         ``CANCELLED`` with its reason, unrouted; only its arrival is logged."""
-        now = self._env._now
-        request.transition_to(RequestState.CANCELLED, now)
-        request.rejection = reason
-        request._event = None
+        now = self._env.now
+        reject_at_arrival(request, reason, now)
         self._rejected.append(now, sequence, EventType.REQUEST_ARRIVAL, request.request_id)
         self._notify_unrouted(request)
 
     def _route(self, request: Request, view: _RouterView) -> int:
         """Ask *view*'s router; returns the chosen replica's index in :attr:`replicas`."""
-        now = self._env._now
+        now = self._env.now
         snapshots = view.snapshots
         pool = view.pool
         if not snapshots or self._refresh_us == 0 or now >= view.snapshot_time + self._refresh_us:
@@ -578,31 +590,22 @@ class Cluster:
             return _FreshSnapshots(view.probes, now)
         snapshots = []
         for position, (load, slots, lookup) in enumerate(view.probes):
-            queued, running, usage = load()
+            queued, running, usage, _ = load()
             if lookup is not None:  # the cache as it is now, not as it will be
-                engine = self._replicas[view.pool[position]]
-                assert isinstance(engine, BatchingEngine) and engine._pool is not None
-                lookup = _frozen_lookup(frozenset(engine._pool._named))
+                lookup = self._ports[view.pool[position]].frozen_prefix_lookup()
             snapshots.append(ReplicaSnapshot(position, now, queued, running, slots, usage, lookup))
         return tuple(snapshots)
 
     def _hand_to(self, request: Request, index: int) -> None:
         """*request* is about to be on replica *index*: move its waiters there."""
         rid = request.request_id
-        engine = self._replicas[index]
         previous = self._holder.get(rid)
         self._holder[rid] = index
         if previous is None:
-            completion = self._completions.pop(rid, None)
-            waiters = self._token_waiters.pop(rid, None)
+            waiters = (self._completions.pop(rid, None), self._token_waiters.pop(rid, None))
         else:
-            source = self._replicas[previous]
-            completion = source._completions.pop(rid, None)
-            waiters = source._token_waiters.pop(rid, None)
-        if completion is not None:
-            engine._completions[rid] = completion
-        if waiters:
-            engine._token_waiters[rid] = waiters
+            waiters = self._ports[previous].take_waiters(rid)
+        self._ports[index].give_waiters(rid, waiters)
 
     # ------------------------------------------------------------------ frames
 
@@ -629,7 +632,7 @@ class Cluster:
         frame = requests_frame(self._requests)
         if self._admission is not None:
             append_rejection(frame, self._requests)
-        if any(isinstance(e, BatchingEngine) and e.prefix_cache for e in self._replicas):
+        if self._shares_prefixes:
             counts = [self._requests[rid].cached_prompt_token_count for rid in frame["request_id"]]
             frame["cached_prompt_tokens"] = pd.array(counts, dtype="int64")
         return frame
@@ -689,7 +692,7 @@ class Cluster:
         kinds: set[tuple[type, bool]] = set()
         frames = []
         for index, engine in self._indexed(batching_only):
-            kind = (type(engine), isinstance(engine, BatchingEngine) and engine.prefix_cache)
+            kind = (type(engine), engine.prefix_cache)
             if kind in kinds and not len(getattr(engine, log)):
                 continue
             kinds.add(kind)
@@ -704,7 +707,7 @@ class Cluster:
 
     def _indexed(self, batching_only: bool) -> Iterator[tuple[int, EngineBase]]:
         for index, engine in enumerate(self._replicas):
-            if not batching_only or isinstance(engine, BatchingEngine):
+            if not batching_only or hasattr(engine, "iterations_frame"):
                 yield index, engine
 
     # ------------------------------------------------------------------ internals
@@ -740,3 +743,10 @@ class Cluster:
         if self._failure is None:
             self._failure = error
         raise error
+
+
+if TYPE_CHECKING:
+
+    def _both_are_servers(cluster: Cluster, engine: EngineBase) -> tuple[Server, Server]:
+        # mypy checks here that a cluster and an engine both have Server's surface.
+        return cluster, engine

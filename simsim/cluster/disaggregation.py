@@ -23,7 +23,7 @@ out at the prefill's end).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,14 +71,20 @@ class KvTransferConfig:
 
 
 class _Link:
-    """One decode replica's inbound link: transfers in flight and their records."""
+    """One decode replica's inbound link: transfers in flight, reported to the cluster
+    (*started* when one starts, *ended* with the end time or ``None`` when aborted)."""
 
-    __slots__ = ("_cluster", "_config", "_in_flight", "_replica")
+    __slots__ = ("_config", "_ended", "_in_flight", "_started")
 
-    def __init__(self, cluster: DisaggregatedCluster, replica: int, config: KvTransferConfig):
-        self._cluster = cluster
-        self._replica = replica
+    def __init__(
+        self,
+        config: KvTransferConfig,
+        started: Callable[[int, int, int], None],
+        ended: Callable[[int, int | None], None],
+    ) -> None:
         self._config = config
+        self._started = started
+        self._ended = ended
         self._in_flight = 0
 
     def start(self, request: Request, now_us: int) -> int:
@@ -88,16 +94,16 @@ class _Link:
                 now_us + duration, f"request {request.request_id}'s KV transfer at {now_us} us"
             )
         self._in_flight += 1
-        self._cluster._transfer_started(request.request_id, now_us, duration)
+        self._started(request.request_id, now_us, duration)
         return duration
 
     def finish(self, request: Request, now_us: int) -> None:
         self._in_flight -= 1
-        self._cluster._transfer_ended(request.request_id, now_us)
+        self._ended(request.request_id, now_us)
 
     def abort(self, request: Request, now_us: int) -> None:
         self._in_flight -= 1
-        self._cluster._transfer_ended(request.request_id, None)
+        self._ended(request.request_id, None)
 
 
 class DisaggregatedCluster(Cluster):
@@ -144,8 +150,7 @@ class DisaggregatedCluster(Cluster):
         check_prefix_router(back_router, decode_pool, "decode replicas")
         count = len(prefill_pool)
         for engine in prefill_pool:  # before _setup, which reads each replica's rules
-            assert isinstance(engine, BatchingEngine)
-            engine._hand_off = self._hand_off
+            engine.replica_port.hand_off_to(self._hand_off)
         self._setup(
             replicas, _RouterView(front_router, tuple(range(count))), refresh_interval_us, admission
         )
@@ -162,9 +167,8 @@ class DisaggregatedCluster(Cluster):
         self._transfer_replicas: array[int] = array("q")
         self._transfer_durations: array[int] = array("q")
         for index in self._back.pool:
-            engine = replicas[index]
-            assert isinstance(engine, BatchingEngine)
-            engine._link = _Link(self, index, transfer)
+            link = _Link(transfer, self._transfer_started, self._transfer_ended)
+            replicas[index].replica_port.receive_over(link)
 
     @property
     def prefill_replicas(self) -> tuple[BatchingEngine, ...]:
@@ -196,9 +200,7 @@ class DisaggregatedCluster(Cluster):
         self._handoff_time[rid] = now_us
         index = self._route(request, self._back)
         self._hand_to(request, index)
-        engine = self._replicas[index]
-        assert isinstance(engine, BatchingEngine)
-        engine._accept_handed_over(request)
+        self._replicas[index].replica_port.accept_handed_over(request)
 
     def _transfer_started(self, request_id: int, now_us: int, duration_us: int) -> None:
         self._transfer_start[request_id] = now_us

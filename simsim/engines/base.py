@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import simpy
-from simpy.events import PENDING, Event
+from simpy.events import Event
 
 from simsim.admission import (
     AdmissionControl,
@@ -28,9 +28,18 @@ from simsim.admission import (
     check_admission,
 )
 from simsim.backend import Backend, check_duration_us
-from simsim.clock import BOUNDARY, Environment, check_count
+from simsim.clock import Environment, check_count
 from simsim.engines.arrivals import PendingArrivals
 from simsim.engines.events import LifecycleEvent
+from simsim.engines.server import (
+    LoadFigures,
+    ServerLoad,
+    cancel_before_arrival,
+    check_new_request,
+    check_request_lifetime,
+    reject_at_arrival,
+    unused_block_hashes,
+)
 from simsim.errors import (
     EngineFailedError,
     InvalidTransitionError,
@@ -52,10 +61,11 @@ from simsim.scheduler import (
     Scheduler,
     SchedulerStats,
 )
-from simsim.wording import counted
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simsim.engines.port import ReplicaPort
 
 __all__ = [
     "EngineBase",
@@ -128,7 +138,17 @@ class EngineBase(ABC):
     :meth:`_cancel_active`; it may refine :meth:`_check_admissible` and
     :meth:`_fill_free_slot`. Its event callbacks are written with
     :func:`lifecycle_handler` (a request's event) or :func:`engine_work` (any other).
+
+    An engine is a :class:`~simsim.engines.server.Server`; a cluster drives it as a
+    replica through :attr:`replica_port` only (which reads the hooks :meth:`_load`,
+    :meth:`_admission_rule` and :meth:`_prefix_lookup`).
     """
+
+    # Set on the instance only when a limit is given: an engine keeps few instance
+    # attributes, so CPython reads them from its inline values on the hot paths (three
+    # more made the full engine about 6 % slower in benchmarks/solvers.py, 1e4 requests:
+    # 0.69 s instead of 0.65 s, best of 5).
+    _max_lifetime_us: int | None = None
 
     def __init__(
         self,
@@ -236,7 +256,7 @@ class EngineBase(ABC):
         """
         request = self._submitted(request_id)
         gate = self._gate
-        return None if gate is None else gate.refill_us(request, self._env._now)
+        return None if gate is None else gate.refill_us(request, self._env.now)
 
     def _submitted(self, request_id: int) -> Request:
         """The request *request_id* of this live engine; :class:`UnknownRequestError`
@@ -293,11 +313,63 @@ class EngineBase(ABC):
         self._check_alive()
         return self._running_count() / self.max_active_requests
 
-    def _load(self) -> tuple[int, int, float]:
-        """``(queued_count, running_count, kv_cache_usage)`` without the checks (for a
-        cluster's router)."""
+    def load(self) -> ServerLoad:
+        """The engine's load now (:class:`~simsim.engines.server.ServerLoad`): what a
+        cluster's router, the live driver and its metrics read."""
+        self._check_alive()
+        return ServerLoad(*self._load())
+
+    def _load(self) -> LoadFigures:
+        """:meth:`load`'s figures as a plain tuple, without the check (the replica
+        port's, for a router)."""
         running = self._running_count()
-        return len(self._scheduler), running, running / self.max_active_requests
+        return len(self._scheduler), running, running / self.max_active_requests, 0
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether requests share cached prompt prefixes (only a batching server's
+        prefix cache does)."""
+        return self._shares_prefixes()
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The most tokens one request may hold in the KV cache: ``None`` for a server
+        without one."""
+        return None
+
+    @property
+    def admitted_count(self) -> int:
+        """How many admissions the engine has made (a readmission after a preemption
+        counts again): the length of :attr:`admission_log`."""
+        self._check_alive()
+        return len(self._admission_log)
+
+    @property
+    def max_request_lifetime_us(self) -> int | None:
+        """The longest a request's own work may take, checked at :meth:`submit`
+        (``None``, the default: no limit beyond the 64-bit clock).
+
+        A request whose prefill plus one decode step per output token (priced by the
+        backend for a batch of one) would take longer is refused with ``ValueError``.
+        Offline, such a request would fail the engine when its finish passed the 64-bit
+        clock; the live driver sets a limit so one client cannot stop the simulation.
+        """
+        return self._max_lifetime_us
+
+    @max_request_lifetime_us.setter
+    def max_request_lifetime_us(self, value: int | None) -> None:
+        self._max_lifetime_us = (
+            None if value is None else check_count(value, "max_request_lifetime_us", minimum=1)
+        )
+
+    @property
+    def replica_port(self) -> ReplicaPort:
+        """The door a cluster drives this engine through as one of its replicas
+        (:class:`~simsim.engines.port.ReplicaPort`, a new one at each read: it keeps no
+        state of its own); user code has no need of it."""
+        from simsim.engines.port import ReplicaPort
+
+        return ReplicaPort(self)
 
     def _running_count(self) -> int:
         """How many requests hold a slot now (hook: this default counts the requests
@@ -382,33 +454,14 @@ class EngineBase(ABC):
                 f"this engine is a replica of {self._cluster!r}: submit requests to the "
                 "cluster, which routes them"
             )
-        if not isinstance(request, Request):
-            raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
-        fresh = request.is_fresh()
-        if not fresh:
-            request.validate()
+        # Hot path: env._now, not env.now (once per request; the property calls on the
+        # per-request paths cost the fast engine about 2 %: docs/performance.md, "Hot paths").
+        request = check_new_request(
+            request, self._requests, self._env._now, "engine", self._shares_prefixes()
+        )
         rid = request.request_id
-        if rid in self._requests:
-            raise ValueError(f"request {rid} was already submitted to this engine")
-        if request._pending is not None or request._event is not None:
-            raise ValueError(f"request {rid} is already submitted to another engine")
-        if not fresh and not request.is_pristine:
-            raise ValueError(
-                f"request {rid} is not pristine (state {request.state.name}, "
-                f"{counted(request.generated_token_count, 'token')}, "
-                f"admit={request.admit_time_us}, "
-                f"prefill_end={request.prefill_end_time_us}, "
-                f"first_token={request.first_token_time_us}, finish={request.finish_time_us}); "
-                "submit a new WAITING request with no tokens and no timestamps"
-            )
-        now = self._env._now
-        if request.arrival_time_us < now:
-            raise ValueError(
-                f"request {rid} arrives at {request.arrival_time_us} us, before the current "
-                f"time {now} us"
-            )
-        if request.block_hashes is not None and not self._shares_prefixes():
-            raise ValueError(unused_block_hashes(rid, "this server has no prefix cache"))
+        if self._max_lifetime_us is not None:
+            check_request_lifetime(request, self._backend, self._max_lifetime_us)
         self._check_admissible(request)
         # Its arrival is numbered now, as if it entered SimPy's heap now.
         self._arrivals.add(request)
@@ -465,8 +518,7 @@ class EngineBase(ABC):
         if state is RequestState.WAITING and pending is not None:
             # Not arrived yet: its arrival event will come up and be ignored (for an
             # arrival still held back, the event it gets when it enters the heap).
-            request.transition_to(RequestState.CANCELLED, now)
-            self._authorize(request, pending)
+            cancel_before_arrival(request, now, self._authorized)
         elif state is RequestState.WAITING or state is RequestState.PREEMPTED:
             self._scheduler.remove(rid)
             request.transition_to(RequestState.CANCELLED, now)
@@ -487,12 +539,9 @@ class EngineBase(ABC):
         rid = request.request_id
         event = self._completions.get(rid)
         if event is None:
-            event = Event(self._env)
-            if request.is_terminal:
-                # Born processed: nothing enters the heap, a yield resumes at once.
-                event._ok = True
-                event._value = request
-                event.callbacks = None  # type: ignore[assignment]
+            # Born processed for a terminal request: a yield resumes at once.
+            env = self._env
+            event = env.processed_event(request) if request.is_terminal else Event(env)
             self._completions[rid] = event
         return event
 
@@ -518,11 +567,7 @@ class EngineBase(ABC):
             raise UnknownRequestError(f"request {rid} was never submitted to this engine")
         self._check_token_events(request)
         if request.generated_token_count >= number or request.is_terminal:
-            event = Event(self._env)
-            event._ok = True
-            event._value = request
-            event.callbacks = None  # type: ignore[assignment]
-            return event
+            return self._env.processed_event(request)
         waiters = self._token_waiters.setdefault(rid, {})
         waiting = waiters.get(number)
         if waiting is None:
@@ -545,6 +590,16 @@ class EngineBase(ABC):
         """Whether a prefix cache uses requests' ``block_hashes`` (hook; no)."""
         return False
 
+    def _admission_rule(self) -> Hashable:
+        """A key equal for engines whose :meth:`_check_admissible` refuses the same
+        requests (hook; this engine alone)."""
+        return self
+
+    def _prefix_lookup(self, frozen: bool) -> Callable[[Sequence[Hashable]], int] | None:
+        """How many of some block hashes, from the first, the prefix cache holds: as it
+        is at each call, or *frozen* as it is now (hook; ``None``: no prefix cache)."""
+        return None
+
     @lifecycle_handler
     def _on_arrival(self, event: LifecycleEvent, request: Request) -> None:
         """The request joins the scheduler's queue (unless the admission control rejects
@@ -554,7 +609,7 @@ class EngineBase(ABC):
         self._arrivals.popped()
         request._pending = None
         if self._gate is not None:
-            reason = self._gate.arrive(request, self._env._now)
+            reason = self._gate.arrive(request, self._env.now)
             if reason is not None:
                 self._reject(request, reason, event.sequence)
                 return
@@ -563,10 +618,8 @@ class EngineBase(ABC):
     def _reject(self, request: Request, reason: str, sequence: int) -> None:
         """The admission control turned *request* away as it arrived now: it ends
         ``CANCELLED`` with its reason, and only its arrival is logged."""
-        now = self._env._now
-        request.transition_to(RequestState.CANCELLED, now)
-        request.rejection = reason
-        request._event = None
+        now = self._env.now
+        reject_at_arrival(request, reason, now)
         self._processed_event_count += 1
         self._event_log.append(now, sequence, _ARRIVAL, request.request_id)
         self._notify_terminal(request)
@@ -576,6 +629,7 @@ class EngineBase(ABC):
         rid = request.request_id
         self._scheduler.enqueue(queued_request(request))
         self._processed_event_count += 1
+        # Hot path: env._now, once per request (see submit).
         self._event_log.append(self._env._now, sequence, _ARRIVAL, rid)
         if self._is_idle():
             self._fill_free_slot()
@@ -663,11 +717,7 @@ class EngineBase(ABC):
         """Make sure an admission boundary runs at the end of the current timestamp."""
         if not self._boundary_pending:
             self._boundary_pending = True
-            boundary = Event(self._env)
-            boundary._ok = True
-            boundary._value = None
-            boundary.callbacks.append(self._on_boundary)
-            self._env.schedule_at(boundary, self._env.now, BOUNDARY)
+            self._env.boundary_event(self._on_boundary)
 
     def _admit_now_or_at_boundary(self) -> None:
         """Fill a slot freed by a cancellation, now or at the end of this timestamp.
@@ -733,7 +783,7 @@ class EngineBase(ABC):
         completions = self._completions
         if completions:
             event = completions.get(request.request_id)
-            if event is not None and event._value is PENDING:
+            if event is not None and not event.triggered:
                 event.succeed(request)
         if self._token_waiters:
             waiters = self._token_waiters.pop(request.request_id, None)
@@ -750,16 +800,6 @@ class EngineBase(ABC):
 
 queued_request = request_spec
 """What the scheduler may know of a request: :func:`simsim.request.request_spec`."""
-
-
-def unused_block_hashes(request_id: int, why: str) -> str:
-    """The refusal of request *request_id*'s ``block_hashes`` where nothing uses them
-    (*why*: "this server has no prefix cache", say): they would be silently ignored."""
-    return (
-        f"request {request_id} has block_hashes, but {why} to use them; they would be "
-        "ignored (a BatchingEngine with a kv_cache and prefix_cache=True shares the blocks "
-        "they name): leave them out, or give the server a prefix cache"
-    )
 
 
 def positive_int(value: object, name: str) -> int:

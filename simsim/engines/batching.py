@@ -22,11 +22,9 @@ sequence number, stamped with the end time. See ``docs/batching.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
-
-from simpy.events import Event
 
 from simsim.admission import AdmissionControl
 from simsim.backend import (
@@ -38,9 +36,10 @@ from simsim.backend import (
     round_us,
 )
 from simsim.checks import did_you_mean
-from simsim.clock import MAX_TIME_US, Environment, time_overflow
+from simsim.clock import MAX_TIME_US, Environment, ScheduledEvent, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
+from simsim.engines.server import LoadFigures
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
 from simsim.request import Request, RequestState
@@ -142,27 +141,16 @@ class _Slot:
         self.arriving = False  # its prompt's KV cache is on its way from a prefill replica
 
 
-class _IterationEvent(Event):
+class _IterationEvent(ScheduledEvent):
     """The end of one iteration: the engine's one event for the whole batch."""
 
-    def __init__(self, env: Environment, callback: Any, at_us: int) -> None:
-        self.env = env
-        self.callbacks = [callback]
-        self._ok = True
-        self._value = None
-        self.sequence = env.schedule_at(self, at_us)
 
-
-class _TransferEnd(Event):
+class _TransferEnd(ScheduledEvent):
     """The end of one request's KV-cache transfer into this replica."""
 
     def __init__(self, env: Environment, callback: Any, at_us: int, slot: _Slot) -> None:
-        self.env = env
-        self.callbacks = [callback]
-        self._ok = True
-        self._value = None
         self.slot = slot
-        env.schedule_at(self, at_us)
+        super().__init__(env, callback, at_us)
 
 
 class _Iteration:
@@ -254,6 +242,7 @@ class BatchingEngine(EngineBase):
         self._hand_off: Callable[[Request, int], None] | None = None
         self._link: KvLink | None = None
         self._incoming: set[int] = set()
+        self._preemption_count = 0
         # A backend's own iteration_us, unless it is SimulatedBackend's composition of
         # the two per-phase costs: those are priced part by part, each part checked.
         iteration_us = getattr(backend, "iteration_us", None)
@@ -361,6 +350,17 @@ class BatchingEngine(EngineBase):
     def _shares_prefixes(self) -> bool:
         return self._pool is not None
 
+    def _admission_rule(self) -> Hashable:
+        # Replicas of one kind with one KV cache refuse the same requests; a prefill
+        # replica (it hands requests off) holds less.
+        return (type(self), self._kv_cache, self._hand_off is not None)
+
+    def _prefix_lookup(self, frozen: bool) -> Callable[[Sequence[Hashable]], int] | None:
+        pool = self._pool
+        if pool is None:
+            return None
+        return pool.frozen_match() if frozen else pool.match
+
     def _check_admissible(self, request: Request) -> None:
         cache = self._kv_cache
         if cache is None:
@@ -399,19 +399,27 @@ class BatchingEngine(EngineBase):
         self._check_alive()
         return self._load()[2]
 
-    def _load(self) -> tuple[int, int, float]:
+    def _load(self) -> LoadFigures:
         running = len(self._slots)
         cache = self._kv_cache
         if cache is None:
-            return len(self._scheduler), running, running / self._max_active_requests
-        pool = self._pool
-        used = pool.used_blocks if pool is not None else cache.total_blocks - self._free_blocks
-        return len(self._scheduler), running, used / cache.total_blocks
+            usage = running / self._max_active_requests
+        else:
+            pool = self._pool
+            used = pool.used_blocks if pool is not None else cache.total_blocks - self._free_blocks
+            usage = used / cache.total_blocks
+        return len(self._scheduler), running, usage, self._preemption_count
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The tokens the whole KV cache holds (``None`` without a KV cache)."""
+        cache = self._kv_cache
+        return None if cache is None else cache.total_blocks * cache.block_size_tokens
 
     @engine_work
     def _on_iteration_end(self, event: _IterationEvent) -> None:
         iteration = self._iteration
-        now = self._env._now
+        now = self._env.now
         if iteration is None or iteration.event is not event:
             if event in self._abandoned:
                 self._abandoned.discard(event)
@@ -593,6 +601,7 @@ class BatchingEngine(EngineBase):
         if slot.arriving:
             self._abort_transfer(slot, now)  # it recomputes its prompt when admitted again
         self._log(now, _PREEMPT, request.request_id)
+        self._preemption_count += 1
         self._scheduler.enqueue(queued_request(request))
 
     def _choose_heads(self, now: int) -> list[tuple[_Slot, int]]:
@@ -831,7 +840,7 @@ class BatchingEngine(EngineBase):
         if not slot.arriving or self._slot_of.get(request.request_id) is not slot:
             return  # it left (cancelled or preempted) before its KV cache arrived
         slot.arriving = False
-        now = self._env._now
+        now = self._env.now
         assert self._link is not None
         self._link.finish(request, now)
         if slot.table is not None:

@@ -20,7 +20,7 @@ holder owns.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from simsim.clock import check_count
 from simsim.wording import counted
@@ -102,6 +102,21 @@ class PrefixCache:
         while count < stop and keys[count] in named:
             count += 1
         return count
+
+    def frozen_match(self) -> Callable[[Sequence[Hashable]], int]:
+        """:meth:`match` (without a limit) as the pool is now: later work on the pool
+        does not change its answers."""
+        named = frozenset(self._named)
+
+        def match(keys: Sequence[Hashable]) -> int:
+            count = 0
+            for key in keys:
+                if key not in named:
+                    break
+                count += 1
+            return count
+
+        return match
 
     def needed(self, keys: Sequence[Hashable], matched: int) -> int:
         """Blocks an :meth:`acquire` of the first *matched* of *keys* takes from what is

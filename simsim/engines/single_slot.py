@@ -105,7 +105,7 @@ class SimulationEngine(EngineBase):
 
     @lifecycle_handler
     def _on_prefill_complete(self, event: LifecycleEvent, request: Request) -> None:
-        now = self._env._now
+        now = self._env.now
         if request.state is not _PREFILLING:
             self._raise_stale(event)
         tokens = request.max_output_tokens
@@ -197,7 +197,7 @@ class SimulationEngine(EngineBase):
 
     def _finish(self, request: Request, sequence: int) -> None:
         """The active request completes now: it leaves, and the slot is free."""
-        now = self._env._now
+        now = self._env._now  # hot path: once per request (see EngineBase.submit)
         request.transition_to(_FINISHED, now)
         # Drop the request <-> event cycle: finished requests stay light for the GC.
         request._pending = request._event = None
@@ -214,7 +214,7 @@ class SimulationEngine(EngineBase):
     def _admit(self) -> None:
         """Admit the scheduler's head into the free slot, at the current time."""
         scheduler = self._scheduler
-        now = self._env._now
+        now = self._env._now  # hot path: once per request (see EngineBase.submit)
         decision = scheduler.decide(now)
         if decision is None:
             return

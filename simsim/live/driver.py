@@ -42,11 +42,9 @@ from typing import Any, Literal, NamedTuple, Protocol
 import simpy
 
 from simsim.admission import ANY_OTHER, RATE_LIMITED
-from simsim.engines import BatchingEngine
-from simsim.engines.base import EngineBase
+from simsim.engines.server import Server, is_server
 from simsim.errors import EngineFailedError
-from simsim.records import EventType
-from simsim.request import Request, RequestState
+from simsim.request import Request
 from simsim.scenario.engine_kinds import cannot, kind_of
 
 __all__ = [
@@ -60,14 +58,13 @@ __all__ = [
     "replay",
 ]
 
-_WAITING = (RequestState.WAITING, RequestState.PREEMPTED)
-
 SLICE_S = 0.005
 """The longest the simulation holds the event loop at a time, in wall seconds."""
 
 MAX_LIFETIME_US = 2**56
 """The longest a served request's own work may take: about 2,283 simulated years, which
-leaves the 64-bit clock room for any queueing and batching on top."""
+leaves the 64-bit clock room for any queueing and batching on top. The driver sets it as
+the served server's ``max_request_lifetime_us``, which ``submit`` checks."""
 
 _SOON = -1  # the timer's due time when it is a call_soon: the simulation is behind
 
@@ -151,15 +148,18 @@ class LiveRequest:
 class LiveDriver:
     """Runs *engine* in real time, scaled by *speed*, inside the running asyncio loop.
 
-    *speed* is simulated seconds per wall second (10 runs ten times faster than real
-    time). The engine must be idle and fresh, on its own environment, and must give
-    token events (:class:`~simsim.FastSimulationEngine` does not: use
-    :class:`~simsim.SimulationEngine`, which gives the same request table).
+    *engine* is any :class:`~simsim.Server`: one engine or a :class:`~simsim.Cluster`,
+    which routes each submission as it would offline. *speed* is simulated seconds per
+    wall second (10 runs ten times faster than real time). The server must be idle and
+    fresh, on its own environment, and must give token events
+    (:class:`~simsim.FastSimulationEngine` does not: use
+    :class:`~simsim.SimulationEngine`, which gives the same request table). The driver
+    sets its ``max_request_lifetime_us`` to :data:`MAX_LIFETIME_US`.
     """
 
     def __init__(
         self,
-        engine: EngineBase,
+        engine: Server,
         *,
         speed: float = 1.0,
         observer: DriverObserver | None = None,
@@ -167,8 +167,11 @@ class LiveDriver:
         kind = kind_of(engine)
         if kind is not None and not kind.streams_tokens:
             raise TypeError(cannot(kind.name, "streams_tokens"))
-        if not isinstance(engine, EngineBase):
-            raise TypeError(f"engine must be a simsim engine, got {type(engine).__name__}")
+        if not is_server(engine):
+            raise TypeError(
+                f"engine must be a simsim server (an engine or a cluster), got "
+                f"{type(engine).__name__}"
+            )
         if engine.requests or engine.env.now != 0:
             raise ValueError("the engine must be fresh: no requests, its clock at 0 us")
         if isinstance(speed, bool) or not isinstance(speed, int | float):
@@ -177,6 +180,9 @@ class LiveDriver:
             raise ValueError(f"speed must be a positive finite number, got {speed!r}")
         self._engine = engine
         self._env = engine.env
+        # A live server must not let one client's request stop the simulation for
+        # everyone: the server refuses, at submit, work longer than this.
+        engine.max_request_lifetime_us = MAX_LIFETIME_US
         self._speed = float(speed)
         self._us_per_second = self._speed * 1_000_000
         self.observer = observer
@@ -195,14 +201,17 @@ class LiveDriver:
         self._actions: list[LiveAction] = []
         self._failure: BaseException | None = None
         self._stopped = False
-        self._log_read = 0  # event log records preemptions() has counted up to
-        self._preemptions = 0
+        self._preemptions = 0  # the last count read, for after a failure
+        # Requests submitted at simulated time _arriving_at: their arrivals are
+        # processed one microsecond later, so the server does not count them yet.
+        self._arriving: list[Request] = []
+        self._arriving_at = -1
 
     # ------------------------------------------------------------------ accessors
 
     @property
-    def engine(self) -> EngineBase:
-        """The engine being served."""
+    def engine(self) -> Server:
+        """The server being served (an engine or a cluster)."""
         return self._engine
 
     @property
@@ -254,18 +263,24 @@ class LiveDriver:
         return math.floor(self._unix_origin_s + time_us / self._us_per_second)
 
     def counts(self) -> tuple[int, int]:
-        """``(running, waiting)`` now: requests holding a slot, and queued or preempted ones.
+        """``(running, waiting)`` now, from the server's load
+        (:class:`~simsim.ServerLoad`): requests holding a slot, and queued ones
+        (preempted ones included), plus the requests submitted at this very simulated
+        microsecond, whose arrival the server processes one microsecond later.
 
         It first advances the simulation to now, as :meth:`submit` does: the loop timer
         may not have run yet (it runs late when the loop is busy), and a 429 or a
         scrape must see the queue as it is at this simulated time, not as it was.
+        ``(0, 0)`` once the server has failed.
         """
         self.catch_up()
-        waiting = 0
-        for live in self._unfinished.values():
-            if live.request.state in _WAITING:
-                waiting += 1
-        return len(self._unfinished) - waiting, waiting
+        if self._failure is not None:
+            return 0, 0
+        load = self._engine.load()
+        arriving = 0
+        if self._arriving_at == self._env.now:
+            arriving = sum(1 for request in self._arriving if not request.is_terminal)
+        return load.running_count, load.queued_count + arriving
 
     def catch_up(self) -> None:
         """Process every event before the current simulated time, now.
@@ -279,26 +294,21 @@ class LiveDriver:
             self._schedule()
 
     def preemptions(self) -> int:
-        """How many times a request has been preempted so far (batching with a KV cache)."""
+        """How many times a request has been preempted so far (batching with a KV
+        cache): the server's load's ``preemption_count``."""
         self._running_here()
-        if self._failure is not None:
-            return self._preemptions  # a failed engine's logs can no longer be read
-        log = self._engine.event_log
-        for record in log[self._log_read : len(log)]:
-            if record.event_type is EventType.REQUEST_PREEMPTED:
-                self._preemptions += 1
-        self._log_read = len(log)
+        if self._failure is None:  # a failed server answers no more: its last count
+            self._preemptions = self._engine.load().preemption_count
         return self._preemptions
 
     @property
     def prefix_cache(self) -> bool:
-        """Whether the served engine has a prefix cache.
+        """Whether the served server has a prefix cache.
 
         Served requests carry no block hashes (the prompt is not hashed into KV
         blocks), so over HTTP the cache never serves a prompt token.
         """
-        engine = self._engine
-        return isinstance(engine, BatchingEngine) and engine.prefix_cache
+        return self._engine.prefix_cache
 
     def refusal(self, live: LiveRequest) -> Refusal | None:
         """Why the admission control turned *live* away, or ``None`` if it did not.
@@ -339,12 +349,13 @@ class LiveDriver:
         return Refusal(reason, message, retry_after_s)
 
     def kv_cache_usage(self) -> float | None:
-        """The fraction of KV blocks in use, or ``None`` for a server without a KV cache."""
+        """The server's load's ``kv_cache_usage``: the fraction of KV-cache blocks held
+        by requests (of slots held, for a server without a KV cache; a cluster's
+        replicas' mean); ``None`` once the server has failed."""
         self._running_here()
-        engine = self._engine
-        if isinstance(engine, BatchingEngine) and engine.kv_cache is not None:
-            return engine.kv_blocks_in_use / engine.kv_cache.total_blocks
-        return None
+        if self._failure is not None:
+            return None
+        return self._engine.load().kv_cache_usage
 
     # ------------------------------------------------------------------ driving
 
@@ -394,9 +405,12 @@ class LiveDriver:
         request = Request(
             self._next_id, now, prompt_token_count, max_output_tokens, priority=priority
         )
-        self._check_lifetime(request)
         self._engine.submit(request)
         self._next_id += 1
+        if self._arriving_at != now:
+            self._arriving.clear()
+            self._arriving_at = now
+        self._arriving.append(request)
         live = LiveRequest(request)
         self._unfinished[request.request_id] = live
         if self._engine.admission is None:
@@ -455,28 +469,6 @@ class LiveDriver:
             raise RuntimeError("start() the driver inside the event loop first")
         if self._stopped:
             raise RuntimeError("the driver has been stopped")
-
-    def _check_lifetime(self, request: Request) -> None:
-        """Refuse a request whose work alone would take more than :data:`MAX_LIFETIME_US`.
-
-        Offline, a request whose finish would pass the 64-bit clock fails the engine
-        when it is admitted; a live server must not let one client stop the simulation
-        for everyone, so it refuses such a request up front, with room to spare for the
-        queueing and batching that could make it longer still.
-        """
-        backend = self._engine.backend
-        prefill = backend.prefill_us(request.prompt_token_count, 1)
-        step = backend.decode_step_us(1)
-        if type(prefill) is not int or type(step) is not int:
-            return  # the engine checks the backend's answers itself
-        least_us = prefill + request.max_output_tokens * step
-        if least_us > MAX_LIFETIME_US:
-            raise ValueError(
-                f"a request of {request.prompt_token_count} prompt tokens and "
-                f"{request.max_output_tokens} output tokens would run for at least "
-                f"{least_us} us (its prefill and one decode step per token), more than a "
-                f"live server simulates for one request (2**56 us, about 2,283 years)"
-            )
 
     def _watch(self, live: LiveRequest) -> Generator[simpy.Event, Any, None]:
         """A SimPy process: passes each token of *live* to its queue, then the end."""
@@ -588,9 +580,7 @@ class LiveDriver:
         self._schedule()
 
 
-def replay(
-    actions: Iterable[LiveAction], engine: EngineBase, *, until_us: int | None = None
-) -> None:
+def replay(actions: Iterable[LiveAction], engine: Server, *, until_us: int | None = None) -> None:
     """Apply a served session's *actions* to a fresh *engine*, offline.
 
     Each action is preceded by ``env.run(until=its time)`` as the driver did; then the

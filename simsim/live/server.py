@@ -16,13 +16,13 @@ from types import TracebackType
 
 import uvicorn
 
-from simsim.engines import BatchingEngine
+from simsim.cluster import Cluster
 from simsim.engines.base import EngineBase
+from simsim.engines.server import Server
 from simsim.live.app import create_app
 from simsim.live.driver import LiveAction, LiveDriver
 from simsim.live.metrics import ServerMetrics
 from simsim.live.wire import ServeOptions
-from simsim.scenario.engine_kinds import ENGINE_KINDS
 from simsim.scenario.model import Scenario
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "LiveServer", "default_max_model_len", "serving_engine"]
@@ -31,17 +31,14 @@ DEFAULT_MAX_MODEL_LEN = 8192
 """The context limit of a server without a KV cache (one with a cache: its capacity)."""
 
 
-def serving_engine(scenario: Scenario) -> EngineBase:
-    """The engine that serves *scenario*: its own, or for a kind that cannot stream
-    tokens (``single_slot_fast``) the kind it serves as (``single_slot``).
+def serving_engine(scenario: Scenario) -> EngineBase | Cluster:
+    """The server that serves *scenario*: its engine, or with ``[cluster]`` its cluster
+    (routed as offline), but of ``single_slot`` engines for ``single_slot_fast``.
 
     The fast engine skips decode steps, so it has no token events to stream; the full
     single slot gives the same request table.
     """
-    kind = ENGINE_KINDS.lookup(scenario.engine)
-    if not kind.streams_tokens and kind.serves_as is not None:
-        scenario = replace(scenario, engine=kind.serves_as)
-    return scenario.build_engine()
+    return scenario.build_served()
 
 
 class _Uvicorn(uvicorn.Server):
@@ -65,7 +62,8 @@ class _Uvicorn(uvicorn.Server):
 class LiveServer:
     """*engine* served over HTTP in real time, scaled by *speed*.
 
-    The engine must be fresh; :func:`serving_engine` builds one from a scenario.
+    *engine* is any fresh :class:`~simsim.Server` (an engine, or a cluster behind one
+    endpoint); :func:`serving_engine` builds one from a scenario.
     ``options`` sets the wire behaviour (:class:`~simsim.live.app.ServeOptions`); without
     it the model is called ``simsim``. A context limit left at ``None`` becomes the KV
     cache's capacity (:data:`DEFAULT_MAX_MODEL_LEN` without a cache).
@@ -73,7 +71,7 @@ class LiveServer:
 
     def __init__(
         self,
-        engine: EngineBase,
+        engine: Server,
         *,
         speed: float = 1.0,
         options: ServeOptions | None = None,
@@ -111,8 +109,8 @@ class LiveServer:
     # ------------------------------------------------------------------ accessors
 
     @property
-    def engine(self) -> EngineBase:
-        """The engine being served; read its frames once the server has stopped."""
+    def engine(self) -> Server:
+        """The server being served; read its frames once the server has stopped."""
         return self.driver.engine
 
     @property
@@ -207,12 +205,11 @@ class LiveServer:
         self.stop()
 
 
-def default_max_model_len(engine: EngineBase) -> int:
-    """The context limit *engine* can hold: its KV cache's tokens, or the default."""
-    if isinstance(engine, BatchingEngine) and engine.kv_cache is not None:
-        cache = engine.kv_cache
-        return cache.total_blocks * cache.block_size_tokens
-    return DEFAULT_MAX_MODEL_LEN
+def default_max_model_len(engine: Server) -> int:
+    """The context limit *engine* can hold: its KV cache's tokens (a cluster: the
+    smallest replica cache), or the default without a KV cache."""
+    capacity = engine.kv_capacity_tokens
+    return DEFAULT_MAX_MODEL_LEN if capacity is None else capacity
 
 
 def _bind(host: str, port: int) -> socket.socket:

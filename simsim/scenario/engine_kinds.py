@@ -142,7 +142,7 @@ for _kind in (
     ENGINE_KINDS.register(_kind.name, _kind)
 
 
-def kind_of(engine: EngineBase) -> EngineKind | None:
+def kind_of(engine: object) -> EngineKind | None:
     """The kind whose engines are exactly *engine*'s class (``None``: not a listed one)."""
     for kind in ENGINE_KINDS.values():
         if type(engine) is kind.engine_type:

@@ -159,7 +159,9 @@ class BatchingSpec:
 
 
 Server = EngineBase | Cluster
-"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them."""
+"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them. Kept as
+the union of the two built-in kinds for compatibility; both have the surface of the
+:class:`simsim.Server` protocol, which is what code that drives either should ask for."""
 
 SEEDED_ROUTERS = tuple(name for name in ROUTERS if ROUTERS.seeded(name))
 """The built-in routers that take a ``seed`` (:meth:`~simsim.registry.Registry.seeded`
@@ -320,8 +322,8 @@ class Scenario:
                 self.source,
                 "cluster",
                 f"the scenario describes a cluster ({self.cluster.describe()}), not one "
-                "engine; build it with Scenario.build() (simsim serve serves one server: "
-                "remove [cluster])",
+                "engine; build it with Scenario.build(), which also gives what "
+                "simsim.live serves",
             )
         return self._build_server(env or Environment(), self.batching)
 
@@ -331,6 +333,17 @@ class Scenario:
         engines on one environment, each with its own scheduler and backend."""
         with out_of_memory_while(self.source, self._building):
             return self._build(env or Environment())
+
+    def build_served(self, env: Environment | None = None) -> Server:
+        """What ``simsim serve`` serves, new and idle: :meth:`build`, but an engine kind
+        that cannot stream tokens is replaced by the kind it serves as (its
+        :class:`~simsim.scenario.engine_kinds.EngineKind` ``serves_as``: the full single
+        slot for ``single_slot_fast``, which gives the same request table)."""
+        kind = ENGINE_KINDS.lookup(self.engine)
+        scenario = self
+        if not kind.streams_tokens and kind.serves_as is not None:
+            scenario = replace(self, engine=kind.serves_as)
+        return scenario.build(env)
 
     def _building(self) -> str:
         """What :meth:`build` makes, for an out-of-memory message."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from simsim.cluster import Cluster, DisaggregatedCluster
 from simsim.request import Request
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.model import RequestSpec, Scenario, Server
@@ -81,13 +79,7 @@ def check_scenario(scenario: Scenario) -> list[RequestSpec]:
 
 def _admitted_counter(engine: Server) -> Callable[[], int]:
     """How many admissions *engine* has made so far (a cluster: its entry replicas')."""
-    if isinstance(engine, DisaggregatedCluster):
-        replicas: tuple[Any, ...] = engine.prefill_replicas
-    elif isinstance(engine, Cluster):
-        replicas = engine.replicas
-    else:
-        return lambda: len(engine.admission_log)
-    return lambda: sum(len(replica.admission_log) for replica in replicas)
+    return lambda: engine.admitted_count
 
 
 def _submitted(
