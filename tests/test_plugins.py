@@ -212,3 +212,22 @@ def test_options_and_seeds_are_read_from_the_signatures() -> None:
     )
     with pytest.raises(TypeError, match="scheduler policy 'fcfs' has no option 'speed'"):
         make_scheduler("fcfs", speed=1)
+
+
+def test_batching_policies_are_a_registry_of_records_with_one_error_shape() -> None:
+    from simsim.engines.batching import POLICIES, BatchingPolicy
+
+    assert isinstance(POLICIES, Registry)
+    assert list(POLICIES) == ["prefill_first", "mixed"]
+    assert all(isinstance(POLICIES[name], BatchingPolicy) for name in POLICIES)
+    assert POLICIES["prefill_first"].token_cap_at_admission
+    assert POLICIES["mixed"].needs_max_batch_tokens
+    backend = simsim.SimulatedBackend(simsim.SimulatedBackendConfig(1, 1, 1, 1, 1))
+    with pytest.raises(ValueError, match=r"unknown policy 'mixd' \(did you mean 'mixed'\?\)"):
+        simsim.BatchingEngine(backend, max_active_requests=2, policy="mixd")
+    with pytest.raises(ValueError, match="policy 'mixed' needs max_batch_tokens"):
+        simsim.BatchingEngine(backend, max_active_requests=2, policy="mixed")
+    engine = simsim.BatchingEngine(
+        backend, max_active_requests=2, max_batch_tokens=4, policy="mixed"
+    )
+    assert engine.policy == "mixed"

@@ -35,13 +35,13 @@ from simsim.backend import (
     iteration_cost_us,
     round_us,
 )
-from simsim.checks import did_you_mean
 from simsim.clock import MAX_TIME_US, Environment, ScheduledEvent, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.engines.server import LoadFigures
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationRecord
+from simsim.registry import Registry
 from simsim.request import Request, RequestState
 from simsim.scheduler import AdmissionDecision, Scheduler
 from simsim.wording import counted
@@ -49,10 +49,7 @@ from simsim.wording import counted
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["POLICIES", "BatchingEngine", "KvCacheConfig", "KvLink"]
-
-POLICIES = ("prefill_first", "mixed")
-"""The iteration policies :class:`BatchingEngine` knows."""
+__all__ = ["POLICIES", "BatchingEngine", "BatchingPolicy", "KvCacheConfig", "KvLink"]
 
 _PREFILLING = RequestState.PREFILLING
 _DECODING = RequestState.DECODING
@@ -141,6 +138,95 @@ class _Slot:
         self.arriving = False  # its prompt's KV cache is on its way from a prefill replica
 
 
+_Plan = tuple[list[tuple[_Slot, int | None]], list[_Slot], int, int, int]
+"""Who takes part in an iteration (each slot with its prefill chunk, ``None`` for a
+decode), who decodes for the first time since admission, and the prefill tokens,
+prefilling and decoding counts."""
+
+
+def _plan_prefill_first(slots: list[_Slot], new_slots: list[_Slot], budget: int | None) -> _Plan:
+    """vLLM's original rule: newly admitted requests prefill their whole prompts together
+    and nobody decodes; without new admissions every decoding request decodes a token."""
+    participants: list[tuple[_Slot, int | None]] = []
+    first_decoders: list[_Slot] = []
+    prefill_tokens = prefilling = decoding = 0
+    if new_slots:  # a request whose KV cache is on its way takes no part yet
+        new_slots = [slot for slot in new_slots if not slot.arriving]
+    if new_slots:
+        for slot in new_slots:
+            chunk = slot.target - slot.prefilled
+            participants.append((slot, chunk))
+            prefill_tokens += chunk
+            prefilling += 1
+    else:
+        for slot in slots:
+            if slot.request.state is _DECODING:
+                participants.append((slot, None))
+                decoding += 1
+                if not slot.decoded:
+                    first_decoders.append(slot)
+    return participants, first_decoders, prefill_tokens, prefilling, decoding
+
+
+def _plan_mixed(slots: list[_Slot], new_slots: list[_Slot], budget: int | None) -> _Plan:
+    """Chunked prefill (Sarathi-Serve): every decoding request decodes a token, and what
+    is left of the token budget goes to prefill chunks in admission order."""
+    assert budget is not None
+    participants: list[tuple[_Slot, int | None]] = []
+    first_decoders: list[_Slot] = []
+    prefill_tokens = prefilling = decoding = 0
+    budget -= sum(1 for slot in slots if slot.request.state is _DECODING)
+    for slot in slots:
+        if slot.request.state is _DECODING:
+            participants.append((slot, None))
+            decoding += 1
+            if not slot.decoded:
+                first_decoders.append(slot)
+            continue
+        if slot.arriving:
+            continue
+        remaining = slot.target - slot.prefilled
+        chunk = min(remaining, budget)
+        if chunk > 0 or remaining == 0:
+            participants.append((slot, chunk))
+            prefill_tokens += chunk
+            prefilling += 1
+            budget -= chunk
+    return participants, first_decoders, prefill_tokens, prefilling, decoding
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """How :class:`BatchingEngine` fills an iteration: one ``policy=`` choice.
+
+    ``plan`` picks an iteration's participants from the batch (see the module's step 4);
+    ``token_cap_at_admission``: admission stops before the new prompts' total would pass
+    ``max_batch_tokens`` (``prefill_first``); ``needs_max_batch_tokens``: the policy
+    spends that per-iteration budget and cannot run without it (``mixed``).
+    """
+
+    name: str
+    plan: Callable[[list[_Slot], list[_Slot], int | None], _Plan]
+    token_cap_at_admission: bool = False
+    needs_max_batch_tokens: bool = False
+
+    def __call__(
+        self, slots: list[_Slot], new_slots: list[_Slot], max_batch_tokens: int | None
+    ) -> _Plan:
+        """The iteration's plan (``plan``)."""
+        return self.plan(slots, new_slots, max_batch_tokens)
+
+
+POLICIES: Registry[BatchingPolicy] = Registry("policy", "policies")
+"""The iteration policies :class:`BatchingEngine` knows, by name (``policy=``)."""
+
+POLICIES.register(
+    "prefill_first",
+    BatchingPolicy("prefill_first", _plan_prefill_first, token_cap_at_admission=True),
+)
+POLICIES.register("mixed", BatchingPolicy("mixed", _plan_mixed, needs_max_batch_tokens=True))
+
+
 class _IterationEvent(ScheduledEvent):
     """The end of one iteration: the engine's one event for the whole batch."""
 
@@ -213,17 +299,17 @@ class BatchingEngine(EngineBase):
                     f"max_batch_tokens={max_batch_tokens} must be >= max_active_requests="
                     f"{slots}, so that one decode token per request always fits"
                 )
-        if policy not in POLICIES:
-            hint = did_you_mean(policy, POLICIES)
-            raise ValueError(f"unknown policy {policy!r}{hint}; choose one of {POLICIES}")
-        if policy == "mixed" and max_batch_tokens is None:
-            raise ValueError("policy 'mixed' needs max_batch_tokens (the per-iteration budget)")
+        rule = POLICIES.lookup(policy)
+        if rule.needs_max_batch_tokens and max_batch_tokens is None:
+            raise ValueError(
+                f"policy {rule.name!r} needs max_batch_tokens (the per-iteration budget)"
+            )
         if kv_cache is not None and not isinstance(kv_cache, KvCacheConfig):
             raise TypeError(f"kv_cache must be a KvCacheConfig or None, got {kv_cache!r}")
         super().__init__(backend, scheduler, env, admission)
         self._max_active_requests = slots
         self._max_batch_tokens = max_batch_tokens
-        self._policy = policy
+        self._policy = rule
         self._kv_cache = kv_cache
         self._free_blocks = 0 if kv_cache is None else kv_cache.total_blocks
         self._pool: PrefixCache | None = None
@@ -282,7 +368,7 @@ class BatchingEngine(EngineBase):
     @property
     def policy(self) -> str:
         """``"prefill_first"`` or ``"mixed"``."""
-        return self._policy
+        return self._policy.name
 
     @property
     def kv_cache(self) -> KvCacheConfig | None:
@@ -613,7 +699,7 @@ class BatchingEngine(EngineBase):
         """
         scheduler = self._scheduler
         cache = self._kv_cache
-        cap = self._max_batch_tokens if self._policy == "prefill_first" else None
+        cap = self._max_batch_tokens if self._policy.token_cap_at_admission else None
         chosen: list[tuple[_Slot, int]] = []
         free_slots = self._max_active_requests - len(self._slots)
         free_blocks = self._free_blocks
@@ -670,46 +756,9 @@ class BatchingEngine(EngineBase):
         error is raised before the admissions take effect. Requests whose KV cache is
         still on its way take no part; the record is ``None`` when nobody does.
         """
-        participants: list[tuple[_Slot, int | None]] = []
-        first_decoders: list[_Slot] = []  # decoding for the first time since admission
-        prefill_tokens = prefilling = decoding = 0
-        if self._policy == "prefill_first":
-            if new_slots and self._link is not None:
-                new_slots = [slot for slot in new_slots if not slot.arriving]
-            if new_slots:
-                for slot in new_slots:
-                    chunk = slot.target - slot.prefilled
-                    participants.append((slot, chunk))
-                    prefill_tokens += chunk
-                    prefilling += 1
-            else:
-                for slot in slots:
-                    if slot.request.state is _DECODING:
-                        participants.append((slot, None))
-                        decoding += 1
-                        if not slot.decoded:
-                            first_decoders.append(slot)
-        else:
-            assert self._max_batch_tokens is not None
-            budget = self._max_batch_tokens - sum(
-                1 for slot in slots if slot.request.state is _DECODING
-            )
-            for slot in slots:
-                if slot.request.state is _DECODING:
-                    participants.append((slot, None))
-                    decoding += 1
-                    if not slot.decoded:
-                        first_decoders.append(slot)
-                    continue
-                if slot.arriving:
-                    continue
-                remaining = slot.target - slot.prefilled
-                chunk = min(remaining, budget)
-                if chunk > 0 or remaining == 0:
-                    participants.append((slot, chunk))
-                    prefill_tokens += chunk
-                    prefilling += 1
-                    budget -= chunk
+        participants, first_decoders, prefill_tokens, prefilling, decoding = self._policy(
+            slots, new_slots, self._max_batch_tokens
+        )
         if not participants:
             return participants, None
         duration = self._price(now, participants, prefill_tokens, prefilling, decoding)

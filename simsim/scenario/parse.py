@@ -534,7 +534,7 @@ def _parse_batching(
     spec = BatchingSpec(
         max_active_requests=check.integer(table, "max_active_requests", "batching", minimum=1),
         max_batch_tokens=check.optional_integer(table, "max_batch_tokens", "batching", minimum=1),
-        policy=check.choice(table, "policy", "batching", POLICIES, default="prefill_first"),
+        policy=check.choice(table, "policy", "batching", tuple(POLICIES), default="prefill_first"),
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
     )
@@ -704,7 +704,7 @@ def _pool_batching(
             if "max_batch_tokens" in table
             else batching.max_batch_tokens
         ),
-        policy=check.choice(table, "policy", where, POLICIES, default=batching.policy),
+        policy=check.choice(table, "policy", where, tuple(POLICIES), default=batching.policy),
         kv_cache=kv_cache,
     )
     _check_server(check, where, spec)
