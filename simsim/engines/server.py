@@ -14,7 +14,7 @@ from collections.abc import Container, Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from simsim.errors import StaleEventError
-from simsim.request import Request, RequestState
+from simsim.request import Request, RequestSpec, RequestState
 from simsim.wording import counted
 
 if TYPE_CHECKING:
@@ -133,8 +133,9 @@ class Server(Protocol):
         """The server's load now."""
         ...
 
-    def submit(self, request: Request) -> Request:
-        """Hand a pristine request to the server; it arrives at its arrival time."""
+    def submit(self, request: Request | RequestSpec) -> Request:
+        """Hand a pristine request (or a spec, made into a new request) to the server; it
+        arrives at its arrival time."""
         ...
 
     def cancel_request(self, request_id: int) -> None:

@@ -16,8 +16,6 @@ from types import TracebackType
 
 import uvicorn
 
-from simsim.cluster import Cluster
-from simsim.engines.base import EngineBase
 from simsim.engines.server import Server
 from simsim.live.app import create_app
 from simsim.live.driver import LiveAction, LiveDriver
@@ -31,7 +29,7 @@ DEFAULT_MAX_MODEL_LEN = 8192
 """The context limit of a server without a KV cache (one with a cache: its capacity)."""
 
 
-def serving_engine(scenario: Scenario) -> EngineBase | Cluster:
+def serving_engine(scenario: Scenario) -> Server:
     """The server that serves *scenario*: its engine, or with ``[cluster]`` its cluster
     (routed as offline), but of ``single_slot`` engines for ``single_slot_fast``.
 

@@ -27,6 +27,7 @@ from simsim.cluster import (
 )
 from simsim.engines import BatchingEngine, KvCacheConfig
 from simsim.engines.base import EngineBase
+from simsim.engines.server import Server as ServerProtocol
 from simsim.registry import Registry
 from simsim.request import RequestSpec
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
@@ -158,10 +159,9 @@ class BatchingSpec:
         )
 
 
-Server = EngineBase | Cluster
-"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them. Kept as
-the union of the two built-in kinds for compatibility; both have the surface of the
-:class:`simsim.Server` protocol, which is what code that drives either should ask for."""
+Server = ServerProtocol
+"""What a scenario runs on: one engine, or a :class:`~simsim.Cluster` of them; the same
+:class:`simsim.Server` protocol (this name is kept for compatibility)."""
 
 SEEDED_ROUTERS = tuple(name for name in ROUTERS if ROUTERS.seeded(name))
 """The built-in routers that take a ``seed`` (:meth:`~simsim.registry.Registry.seeded`
