@@ -12,7 +12,8 @@ The package, one idea per module:
   was being made);
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
   :class:`Cancellation`, :class:`BatchingSpec`, :class:`ClusterSpec` and its
-  :class:`PoolSpec`, :class:`BackendSpec`) and ``Server`` (the :class:`simsim.Server` protocol: an engine or a cluster);
+  :class:`PoolSpec`, :class:`BackendSpec`) and ``Server`` (the :class:`simsim.Server`
+  protocol: an engine or a cluster);
 * ``engine_kinds``: :data:`ENGINE_KINDS` (also :data:`ENGINE_BUILDERS`), the one
   registry of the engines a scenario can choose, each an :class:`EngineKind` record of
   what it can do;
