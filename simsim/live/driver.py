@@ -42,6 +42,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import simpy
 
 from simsim.admission import ANY_OTHER, RATE_LIMITED
+from simsim.checks import check_real
 from simsim.engines.server import Server, is_server
 from simsim.errors import EngineFailedError
 from simsim.request import Request
@@ -174,10 +175,7 @@ class LiveDriver:
             )
         if engine.requests or engine.env.now != 0:
             raise ValueError("the engine must be fresh: no requests, its clock at 0 us")
-        if isinstance(speed, bool) or not isinstance(speed, int | float):
-            raise TypeError(f"speed must be a positive number, got {speed!r}")
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"speed must be a positive finite number, got {speed!r}")
+        speed = check_real(speed, "speed", positive=True)
         self._engine = engine
         self._env = engine.env
         # A live server must not let one client's request stop the simulation for

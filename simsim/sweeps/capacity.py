@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from simsim.checks import check_real
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
 from simsim.sweeps.runner import (
@@ -425,11 +426,8 @@ def capacity_frame(results: Sequence[CapacityResult], labels: Sequence[str]) -> 
 def check_tolerance(tolerance: object, low: Number, high: Number, integer: bool) -> Number:
     if tolerance is None:
         return 1 if integer else (high - low) / 100
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
-        raise ValueError(f"tolerance must be a positive number, got {tolerance!r}")
-    if not math.isfinite(tolerance):
-        raise ValueError(f"tolerance must be finite, got {tolerance!r}")
-    return max(tolerance, 1) if integer else tolerance
+    checked = check_real(tolerance, "tolerance", positive=True, keep_int=True)
+    return max(checked, 1) if integer else checked
 
 
 def search(
