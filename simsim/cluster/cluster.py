@@ -374,6 +374,11 @@ class Cluster:
         ``block_hashes``)."""
         return self._shares_prefixes
 
+    def _prefixes_shared(self) -> bool:
+        """:attr:`prefix_cache`, asked by the submit checks only of a request with
+        ``block_hashes``."""
+        return self._shares_prefixes
+
     @property
     def kv_capacity_tokens(self) -> int | None:
         """The most tokens one request may hold in the KV cache of every replica that
@@ -426,7 +431,7 @@ class Cluster:
         request = submitted_request(request)
         self._check_alive()
         request = check_new_request(
-            request, self._requests, self._env.now, "cluster", self._shares_prefixes
+            request, self._requests, self._env.now, "cluster", self._prefixes_shared
         )
         rid = request.request_id
         limit_us = self._max_lifetime_us

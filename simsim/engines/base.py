@@ -446,7 +446,8 @@ class EngineBase(ABC):
         object, which the engine updates from now on (a :class:`RequestSpec` becomes a
         new such request).
         """
-        request = submitted_request(request)
+        if type(request) is not Request:  # a spec (or anything else: checked below)
+            request = submitted_request(request)
         if self._failure is not None:
             self._check_alive()
         if self._cluster is not None:
@@ -457,7 +458,7 @@ class EngineBase(ABC):
         # Hot path: env._now, not env.now (once per request; the property calls on the
         # per-request paths cost the fast engine about 2 %: docs/performance.md, "Hot paths").
         request = check_new_request(
-            request, self._requests, self._env._now, "engine", self._shares_prefixes()
+            request, self._requests, self._env._now, "engine", self._shares_prefixes
         )
         rid = request.request_id
         if self._max_lifetime_us is not None:

@@ -10,7 +10,7 @@ live here once, for engines and clusters alike.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from simsim.errors import StaleEventError
@@ -192,14 +192,19 @@ def is_server(candidate: object) -> bool:
 
 
 def check_new_request(
-    request: object, known: Container[int], now_us: int, owner: str, shares_prefixes: bool
+    request: object,
+    known: Container[int],
+    now_us: int,
+    owner: str,
+    shares_prefixes: Callable[[], bool],
 ) -> Request:
     """*request*, checked as a new submission to *owner* ("engine", "cluster").
 
     It must be a :class:`Request` (``TypeError``), pristine (``WAITING``, no tokens, no
     timestamps), with an id not in *known*, not submitted elsewhere, arriving no earlier
     than *now_us*, and with no ``block_hashes`` unless the server *shares_prefixes*
-    (``ValueError``). Nothing changes when it fails.
+    (asked only then: this runs once per submitted request) (``ValueError``). Nothing
+    changes when it fails.
     """
     if not isinstance(request, Request):
         raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
@@ -225,7 +230,7 @@ def check_new_request(
             f"request {rid} arrives at {request.arrival_time_us} us, before the current "
             f"time {now_us} us"
         )
-    if request.block_hashes is not None and not shares_prefixes:
+    if request.block_hashes is not None and not shares_prefixes():
         why = (
             "this server has no prefix cache"
             if owner == "engine"
