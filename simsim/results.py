@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from simsim.admission import REJECTION_REASONS
-from simsim.checks import check_real, check_weight
+from simsim.checks import check_positive_int, check_real, check_weight
 from simsim.clock import check_count, check_time_us
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import METADATA_COLUMNS as METADATA_COLUMN_DTYPES
@@ -1244,6 +1244,13 @@ def batch_summary(
         "mean_batch_size": math.nan,
     }
     if kv_blocks is not None:
+        if isinstance(kv_blocks, Mapping):
+            kv_blocks = {
+                replica: check_positive_int(blocks, f"kv_blocks[{replica!r}]")
+                for replica, blocks in kv_blocks.items()
+            }
+        else:
+            kv_blocks = check_positive_int(kv_blocks, "kv_blocks")
         total = kv_blocks if isinstance(kv_blocks, int) else sum(kv_blocks.values())
         rows.update(kv_cache_blocks=float(total), kv_cache_use_mean=math.nan)
         rows["kv_cache_use_peak"] = math.nan
@@ -1271,6 +1278,12 @@ def prefix_cache_summary(requests: pd.DataFrame) -> pd.Series:
     and ``hit_rate_requests`` (``NaN`` without requests): :func:`summarize`'s
     ``prefix_cache_hit_rate_tokens`` and ``_requests`` rows are these two.
     """
+    if "cached_prompt_tokens" not in requests.columns:
+        raise ValueError(
+            "prefix_cache_summary needs a requests frame with cached_prompt_tokens: the "
+            "frame of a batching server with a prefix cache (prefix_cache=True); this one "
+            "has no such column"
+        )
     cached = requests["cached_prompt_tokens"].astype("float64")
     prompts = float(requests["prompt_token_count"].sum())
     total = len(requests)

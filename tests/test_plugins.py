@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -124,8 +125,9 @@ def test_a_registered_router_runs_from_a_cluster_table(plugins: None, tmp_path: 
     )
     cluster = run_scenario(load_scenario(path))
     assert isinstance(cluster, simsim.Cluster)
-    # It takes a seed, so it is seeded from the scenario's, like the built-in random ones.
-    assert LastReplica.seeds == [5]
+    # It takes a seed, so it is seeded from the scenario's, like the built-in random ones
+    # (the first call is the load's trial build, which reports a factory's own errors).
+    assert LastReplica.seeds == [0, 5]
     served = [len(replica.requests) for replica in cluster.replicas]
     assert served == [0, 0, 3]
 
@@ -139,7 +141,7 @@ def test_a_registered_router_takes_a_seed_key_only_if_it_is_seeded(
         '[cluster]\nreplicas = 2\nrouter = "last_replica"\nseed = 9\n',
     )
     run_scenario(load_scenario(path))
-    assert LastReplica.seeds == [9]
+    assert LastReplica.seeds == [9, 9]  # the load's trial build, then the run
     simsim.register_router("last_replica", lambda: LastReplica(), replace=True)
     with pytest.raises(ScenarioError, match=r"cluster\.seed: only for router 'random' or"):
         load_scenario(path)
@@ -231,3 +233,32 @@ def test_batching_policies_are_a_registry_of_records_with_one_error_shape() -> N
         backend, max_active_requests=2, max_batch_tokens=4, policy="mixed"
     )
     assert engine.policy == "mixed"
+
+
+def test_a_plug_in_that_raises_or_returns_none_is_a_scenario_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(**options: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(simsim.schedulers.SCHEDULERS, "returns_none", lambda: None)
+    monkeypatch.setitem(simsim.schedulers.SCHEDULERS, "raises", broken)
+    monkeypatch.setitem(ROUTERS, "raises", broken)
+    monkeypatch.setitem(BACKENDS, "raises", broken)
+    cases = {
+        '[scheduler]\npolicy = "returns_none"\n': (
+            "scheduler.policy: the factory of 'returns_none' returned None, not a scheduler"
+        ),
+        '[scheduler]\npolicy = "raises"\n': (
+            "scheduler: the plug-in factory test_a_plug_in_that_raises_or_returns_none_is_a_"
+            "scenario_error.<locals>.broken raised RuntimeError: boom"
+        ),
+        '[cluster]\nreplicas = 2\nrouter = "raises"\n': "cluster.router: the plug-in factory",
+    }
+    for table, message in cases.items():
+        path = write(tmp_path, "[backend]\ndecode_base_us = 1\n\n" + table)
+        with pytest.raises(ScenarioError, match=re.escape(message)):
+            load_scenario(path)
+    path = write(tmp_path, '[backend]\nkind = "raises"\n')
+    with pytest.raises(ScenarioError, match=r"backend: the plug-in factory .*RuntimeError: boom"):
+        load_scenario(path)

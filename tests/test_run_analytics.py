@@ -251,3 +251,57 @@ def test_a_flag_error_is_a_usage_error_naming_the_flag() -> None:
     assert (caught.value.flag, caught.value.rule) == ("--seed", "must be >= 0, got -1")
     check_seed(None)
     check_seed(2**63 - 1)
+
+
+def test_the_library_figures_refuse_what_they_cannot_read_with_a_named_rule() -> None:
+    iterations = pd.DataFrame(
+        {
+            "start_us": [0],
+            "end_us": [10],
+            "batch_size": [1],
+            "kv_blocks_in_use": [1],
+            "prefill_tokens": [0],
+            "abandoned": [False],
+        }
+    )
+    events = pd.DataFrame(columns=["timestamp_us", "sequence", "event_type", "request_id"])
+    for bad, error in ((0, ValueError), (-3, ValueError), (1.5, TypeError)):
+        with pytest.raises(error, match="kv_blocks"):
+            results.batch_summary(iterations, events, kv_blocks=bad)
+    with pytest.raises(ValueError, match=r"kv_blocks\[1\] must be >= 1"):
+        results.batch_summary(iterations, events, kv_blocks={0: 4, 1: 0})
+    plain = pd.DataFrame({"request_id": [0], "prompt_token_count": [4]})
+    with pytest.raises(ValueError, match="needs a requests frame with cached_prompt_tokens"):
+        results.prefix_cache_summary(plain)
+
+
+def test_an_unknown_capacity_target_gets_a_guess() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown metric 'utilisation' \(did you mean 'utilization'\?\)"
+    ):
+        target_metrics({"utilisation": 0.8})
+
+
+def test_the_serve_banner_names_the_engine_class_that_serves(tmp_path: Path) -> None:
+    from simsim.cli.serve import served_as
+    from simsim.scenario import load_scenario
+
+    path = tmp_path / "fast.toml"
+    path.write_text(
+        '[scenario]\nengine = "single_slot_fast"\n[backend]\ndecode_base_us = 1\n'
+        "[cluster]\nreplicas = 2\n"
+    )
+    scenario = load_scenario(path, require_requests=False)
+    assert served_as(scenario, scenario.build_served()) == (
+        "cluster of 2 replicas, router round_robin, engine SimulationEngine"
+    )
+
+
+def test_submit_names_both_kinds_it_takes() -> None:
+    engine = simsim.SimulationEngine(
+        simsim.SimulatedBackend(simsim.SimulatedBackendConfig(1, 1, 1, 1, 1))
+    )
+    with pytest.raises(
+        TypeError, match=r"submit takes a simsim.Request or simsim.RequestSpec, got int"
+    ):
+        engine.submit(3)  # type: ignore[arg-type]

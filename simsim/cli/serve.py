@@ -20,7 +20,7 @@ from simsim.cli.shared import (
     write_tables,
 )
 from simsim.cli.usage import UsageError
-from simsim.results import summarize
+from simsim.results import server_replicas, summarize
 from simsim.scenario import (
     Scenario,
     default_serve_scenario,
@@ -158,10 +158,12 @@ def serving_scenario(path: str | None, backend: str | None) -> Scenario:
 
 def served_as(scenario: Scenario, server: Server) -> str:
     """What serves the requests, for the banner: ``engine SimulationEngine``, or
-    ``cluster of 4 x batching (least_outstanding), engine batching``."""
+    ``cluster of 4 replicas, router least_outstanding, engine BatchingEngine`` (the
+    engine's class: the full single slot also where the file names the fast one)."""
+    engine = type(server_replicas(server)[0]).__name__
     if scenario.cluster is None:
-        return f"engine {type(server).__name__}"
-    return f"cluster of {scenario.cluster.describe()}, engine {scenario.engine}"
+        return f"engine {engine}"
+    return f"cluster of {scenario.cluster.describe()}, engine {engine}"
 
 
 def serve_notes(scenario: Scenario) -> list[str]:

@@ -72,7 +72,9 @@ class Server(Protocol):
 
     A SimPy model submits requests, cancels them and waits on their events through
     these names only, so it runs unchanged on one engine or on a
-    :class:`~simsim.Cluster`; ``simsim serve`` serves either one.
+    :class:`~simsim.Cluster`; ``simsim serve`` serves either one. To ask whether an
+    object is one, call :func:`is_server` (``isinstance`` with a protocol would read the
+    properties of a failed server, which raise).
     """
 
     @property
@@ -207,7 +209,9 @@ def check_new_request(
     changes when it fails.
     """
     if not isinstance(request, Request):
-        raise TypeError(f"submit takes a simsim.Request, got {type(request).__name__}")
+        raise TypeError(
+            f"submit takes a simsim.Request or simsim.RequestSpec, got {type(request).__name__}"
+        )
     fresh = request.is_fresh()
     if not fresh:
         request.validate()

@@ -151,6 +151,14 @@ def make(check: TomlChecker, at: str, factory: Callable[..., _T], *args: Any, **
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail(*_keyed(at, str(error), factory, kwargs)) from None
+    except Exception as error:
+        if getattr(factory, "__module__", "").partition(".")[0] == "simsim":
+            raise  # simsim's own factory: a bug in simsim, reported as one
+        # A user's plug-in (simsim.register_*) failed: say whose code raised what.
+        name = getattr(factory, "__qualname__", repr(factory))
+        raise check.fail(
+            at, f"the plug-in factory {name} raised {type(error).__name__}: {error}"
+        ) from None
 
 
 def _keyed(

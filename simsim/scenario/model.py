@@ -211,14 +211,19 @@ class PoolSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", check_replicas(self.replicas))
 
-    def make_router(self, scenario_seed: int) -> Router:
-        """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""
+    def router_options(self, scenario_seed: int) -> dict[str, object]:
+        """The options this pool's router factory is called with: its weights, and a seed
+        (*scenario_seed* unless ``seed`` is set) when the factory takes one."""
         options: dict[str, object] = {}
         if ROUTERS.seeded(self.router):
             options["seed"] = scenario_seed if self.seed is None else self.seed
         if self.weights is not None:
             options["weights"] = dict(self.weights)
-        return make_router(self.router, **options)
+        return options
+
+    def make_router(self, scenario_seed: int) -> Router:
+        """A new router of this pool's kind; *scenario_seed* seeds it unless ``seed`` is set."""
+        return make_router(self.router, **self.router_options(scenario_seed))
 
 
 @dataclass(frozen=True, slots=True)

@@ -303,7 +303,13 @@ def _parse_scheduler(
             )
     check.keys(table, ("policy", *allowed), "scheduler")
     options = _options(check, table, "scheduler", SCHEDULER_FACTORIES, policy, allowed)
-    make(check, "scheduler", SCHEDULER_FACTORIES[policy], **dict(options))
+    scheduler = make(check, "scheduler", SCHEDULER_FACTORIES[policy], **dict(options))
+    if scheduler is None:  # an engine would quietly use its default FCFS instead
+        raise check.fail(
+            "scheduler.policy",
+            f"the factory of {policy!r} returned None, not a scheduler (it must return an "
+            "object with enqueue, remove, decide, commit, epoch and stats)",
+        )
     return policy, options
 
 
@@ -672,7 +678,10 @@ def _parse_pool(
                 "request to the least loaded; weigh 'queue' too, or add [prefix_cache]",
             )
         weights = tuple(values.items())
-    return PoolSpec(replicas, router, seed, weights, _pool_batching(check, table, where, batching))
+    pool = PoolSpec(replicas, router, seed, weights, _pool_batching(check, table, where, batching))
+    # A user's router factory is tried at load, so its own errors name this table.
+    make(check, f"{where}.router", ROUTERS[router], **pool.router_options(0))
+    return pool
 
 
 def _pool_batching(

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from simsim.checks import check_real
+from simsim.checks import check_real, did_you_mean
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
 from simsim.sweeps.runner import (
@@ -115,8 +115,17 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
         if column not in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us") or not (
             statistic == "mean" or _is_percentile(statistic)
         ):
+            examples = [
+                *OCCUPANCY_TARGETS,
+                *(
+                    f"{c}_{t}"
+                    for c in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
+                    for t in ("mean", "p50", "p90", "p99")
+                ),
+            ]
             raise ValueError(
-                f"targets: unknown metric {name!r}; use <column>_<statistic> with column one "
+                f"targets: unknown metric {name!r}{did_you_mean(str(name), examples)}; "
+                "use <column>_<statistic> with column one "
                 "of queue_delay_us, ttft_us, e2e_latency_us, tpot_us and statistic 'mean' "
                 "or a percentile such as 'p99', or an occupancy metric: "
                 f"{', '.join(OCCUPANCY_TARGETS)}"
