@@ -129,7 +129,9 @@ def test_submit_of_a_spec_returns_a_new_request_each_time() -> None:
     assert made[0] is not made[1] and made[0] == made[1] == simsim.Request(0, 0, 4, 2)
     with pytest.raises(ValueError, match="request 0 was already submitted to this engine"):
         first.submit(spec)
-    with pytest.raises(TypeError, match=r"submit takes a simsim\.Request, got tuple"):
+    with pytest.raises(
+        TypeError, match=r"submit takes a simsim\.Request or simsim\.RequestSpec, got tuple"
+    ):
         first.submit((1, 0, 4, 2))  # type: ignore[arg-type]
 
 

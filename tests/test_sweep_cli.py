@@ -1408,6 +1408,30 @@ def test_without_dask_the_core_works_and_dask_asks_for_the_extra(
     assert not out.exists()
 
 
+def test_an_unreachable_dask_scheduler_exits_2_naming_the_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Unreachable:
+        """Stands in for distributed: Client raises what it raises after its timeout."""
+
+        @staticmethod
+        def Client(address: str) -> None:
+            raise OSError(f"Timed out trying to connect to {address} after 30 s")
+
+    monkeypatch.setitem(sys.modules, "distributed", Unreachable)
+    path = write(tmp_path, SMALL)
+    out = tmp_path / "out"
+    status, _, err = cli_run(
+        capsys, "sweep", str(path), "--out", str(out), "--dask", "tcp://127.0.0.1:1"
+    )
+    assert status == 2
+    assert err == (
+        "simsim: error: --dask tcp://127.0.0.1:1: cannot reach a Dask scheduler there "
+        "(Timed out trying to connect to tcp://127.0.0.1:1 after 30 s)\n"
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("where", ["base", "scenario file"])
 def test_a_sweep_whose_scenario_has_no_backend_is_refused_like_simsim_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str

@@ -103,6 +103,13 @@ def _dask_executor(address: str, stack: contextlib.ExitStack) -> Executor | None
         )
         client = stack.enter_context(distributed.Client(cluster))
     else:
-        client = stack.enter_context(distributed.Client(address))
+        try:
+            client = stack.enter_context(distributed.Client(address))
+        except OSError as error:  # no scheduler there (Dask's own timeout passed)
+            print(
+                f"simsim: error: --dask {address}: cannot reach a Dask scheduler there ({error})",
+                file=sys.stderr,
+            )
+            return None
     executor: Executor = client.get_executor()
     return executor
