@@ -280,6 +280,7 @@ class Cluster:
         # Hashes are used wherever a request meets a prefix cache, on any replica.
         self._shares_prefixes = any(engine.prefix_cache for engine in replicas)
         self._max_lifetime_us: int | None = None
+        # Each distinct backend once: the lifetime limit prices a request on each.
         self._backends = tuple({id(engine.backend): engine.backend for engine in replicas}.values())
         self._refresh_us = refresh_us
         self._rejected = EventLog()  # the arrivals of rejected requests
@@ -436,9 +437,7 @@ class Cluster:
         rid = request.request_id
         limit_us = self._max_lifetime_us
         if limit_us is not None:
-            for backend in {
-                id(engine.backend): engine.backend for engine in self._replicas
-            }.values():
+            for backend in self._backends:
                 check_request_lifetime(request, backend, limit_us)
         for index, check in self._admission_checks:
             try:
