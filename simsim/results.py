@@ -57,6 +57,7 @@ __all__ = [
     "requests_frame",
     "run_summary",
     "run_tables",
+    "server_kv_blocks",
     "server_replicas",
     "server_slots",
     "summarize",
@@ -1159,6 +1160,21 @@ def server_slots(
         return slots, (len(prefill), len(decode))
     total = sum(replica.max_active_requests for replica in replicas)
     return total, (len(replicas) if hasattr(server, "replicas") else None)
+
+
+def server_kv_blocks(server: object) -> int | dict[int, int] | None:
+    """The ``kv_blocks`` :func:`batch_summary` takes for *server*: its KV cache's size
+    in blocks for one server, each replica's (by position) for a cluster whose replicas
+    have KV caches, ``None`` without any."""
+    replicas = server_replicas(server)
+    blocks = {}
+    for index, replica in enumerate(replicas):
+        cache = getattr(replica, "kv_cache", None)
+        if cache is not None:
+            blocks[index] = cache.total_blocks
+    if not blocks:
+        return None
+    return blocks[0] if len(replicas) == 1 else blocks
 
 
 def run_summary(

@@ -305,3 +305,19 @@ def test_submit_names_both_kinds_it_takes() -> None:
         TypeError, match=r"submit takes a simsim.Request or simsim.RequestSpec, got int"
     ):
         engine.submit(3)  # type: ignore[arg-type]
+
+
+def test_server_kv_blocks_reads_each_replicas_cache_size() -> None:
+    backend = simsim.SimulatedBackend(simsim.SimulatedBackendConfig(1, 1, 1, 1, 1))
+
+    def batching(blocks: int, env: simsim.Environment) -> simsim.BatchingEngine:
+        cache = simsim.KvCacheConfig(block_size_tokens=16, total_blocks=blocks)
+        return simsim.BatchingEngine(backend, max_active_requests=2, kv_cache=cache, env=env)
+
+    env = simsim.Environment()
+    assert results.server_kv_blocks(batching(64, env)) == 64
+    assert results.server_kv_blocks(simsim.SimulationEngine(backend)) is None
+    assert results.server_kv_blocks(tiny_cluster()) is None  # single-slot replicas
+    env = simsim.Environment()
+    cluster = simsim.Cluster([batching(64, env), batching(32, env)])
+    assert results.server_kv_blocks(cluster) == {0: 64, 1: 32}

@@ -12,8 +12,6 @@ import pandas as pd
 
 from simsim.admission import QUEUE_FULL, RATE_LIMITED
 from simsim.cluster import Cluster, DisaggregatedCluster
-from simsim.engines import BatchingEngine
-from simsim.engines.base import EngineBase
 from simsim.request import RequestState
 from simsim.results import (
     batch_summary,
@@ -70,23 +68,21 @@ _DECODE_QUEUE_ROW: _LatencyRow = (
 
 
 def batching_lines(
-    replicas: Sequence[EngineBase],
+    kv_blocks: int | dict[int, int] | None,
+    prefix_cache: bool,
     iterations: pd.DataFrame,
     events: pd.DataFrame,
     requests: pd.DataFrame,
 ) -> list[str]:
-    """The batching servers' load for a terminal: batch size, preemptions, KV memory.
+    """The batching servers' load for a terminal: batch size, preemptions, KV memory
+    (:func:`~simsim.results.batch_summary` with *kv_blocks*, from
+    :func:`~simsim.results.server_kv_blocks`) and, with a *prefix_cache*, its hits.
 
     Means are over simulated time (each iteration weighs as long as it lasted), so an
-    idle stretch between iterations does not count. For a cluster (several *replicas*,
-    frames with a ``replica`` column) they are over every replica's iterations, and KV
-    memory is each replica's share of its own cache.
+    idle stretch between iterations does not count. For a cluster (frames with a
+    ``replica`` column) they are over every replica's iterations, and KV memory is each
+    replica's share of its own cache.
     """
-    servers = [(i, r) for i, r in enumerate(replicas) if isinstance(r, BatchingEngine)]
-    blocks = {i: r.kv_cache.total_blocks for i, r in servers if r.kv_cache is not None}
-    kv_blocks: int | dict[int, int] | None = None
-    if blocks:
-        kv_blocks = blocks[0] if len(replicas) == 1 else blocks
     load = batch_summary(iterations, events, kv_blocks=kv_blocks)
     head = f"batching      {counted(int(load['iterations']), 'iteration')}"
     preempted = counted(int(load["preemptions"]), "preemption")
@@ -107,7 +103,7 @@ def batching_lines(
                 f"KV cache      {used:.1%} of a replica's blocks in use on average, "
                 f"{peak:.1%} at the peak ({counted(total, 'block')} in all)"
             )
-    if any(r.prefix_cache for _, r in servers):
+    if prefix_cache:
         cache = prefix_cache_summary(requests)
         share = (
             "n/a (no prompt tokens)"

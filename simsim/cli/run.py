@@ -21,7 +21,7 @@ from simsim.cli.shared import (
 )
 from simsim.cluster import Cluster
 from simsim.errors import SimulationError
-from simsim.results import server_replicas
+from simsim.results import server_kv_blocks, server_replicas
 from simsim.run_folder import holds_a_run
 from simsim.scenario import (
     ScenarioError,
@@ -62,7 +62,13 @@ def execute(args: argparse.Namespace) -> int:
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     replicas = server_replicas(engine)
     server = (
-        batching_lines(replicas, frames["iterations"], frames["events"], frames["requests"])
+        batching_lines(
+            server_kv_blocks(engine),
+            engine.prefix_cache,
+            frames["iterations"],
+            frames["events"],
+            frames["requests"],
+        )
         if "iterations" in frames
         else []
     )
