@@ -174,6 +174,19 @@ def test_missing_or_bad_fields_are_one_line_naming_field_and_model(tmp_path: Pat
         load_model(path)
 
 
+def test_absent_kv_heads_mean_one_per_head_and_mla_is_refused() -> None:
+    config = dict(REFERENCE["meta-llama/Llama-3.1-8B-Instruct"])
+    config["num_key_value_heads"] = None
+    assert ModelSpec.from_config(config, "mha").num_kv_heads == 32
+    del config["num_key_value_heads"]
+    assert ModelSpec.from_config(config, "mha").num_kv_heads == 32
+    config["kv_lora_rank"] = 512
+    with pytest.raises(
+        ModelConfigError, match=r"deepseek: MLA attention \('kv_lora_rank'\) is not"
+    ):
+        ModelSpec.from_config(config, "deepseek")
+
+
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="unknown precision 'int4'"):
         load_model("Qwen/Qwen3-8B", precision="int4")

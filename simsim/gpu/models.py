@@ -187,8 +187,9 @@ class ModelSpec:
         of ``intermediate_size``), an explicit ``head_dim``, ``torch_dtype`` (or
         ``dtype``) and a ``quantization_config`` (or ``quantization_config_summary``) whose
         weights are 8-bit floats (FP8). Absent ``num_key_value_heads`` means one KV head
-        per head; absent ``tie_word_embeddings`` means untied. A missing needed field
-        raises :class:`ModelConfigError` naming it.
+        per head; absent ``tie_word_embeddings`` means untied. A missing needed field, an
+        unsupported quantization or an architecture simsim does not model (DeepSeek's MLA
+        attention and experts) raises :class:`ModelConfigError` naming it.
         """
         if not isinstance(config, Mapping):
             raise ModelConfigError(f"{name}: a config must be a mapping, got {type(config)}")
@@ -197,6 +198,10 @@ class ModelSpec:
         if isinstance(text, Mapping):
             # Outer fields (dtype, quantization) are defaults; the text model's win.
             fields = {**{k: v for k, v in config.items() if k != "text_config"}, **text}
+
+        for key, what in (("kv_lora_rank", "MLA attention"), ("n_routed_experts", "DeepSeek MoE")):
+            if key in fields:
+                raise ModelConfigError(f"{name}: {what} ({key!r}) is not modelled by simsim")
 
         def need(key: str) -> int:
             if key not in fields or fields[key] is None:
@@ -208,7 +213,8 @@ class ModelSpec:
         heads = need("num_attention_heads")
         width = need("intermediate_size")
         vocab = need("vocab_size")
-        kv_heads = _positive(fields.get("num_key_value_heads", heads), "num_key_value_heads", name)
+        kv_heads = fields.get("num_key_value_heads")
+        kv_heads = heads if kv_heads is None else _positive(kv_heads, "num_key_value_heads", name)
         head_dim = fields.get("head_dim")
         head_dim = hidden // heads if head_dim is None else _positive(head_dim, "head_dim", name)
         if head_dim == 0:
@@ -227,7 +233,9 @@ class ModelSpec:
             if moe_width is not None:  # Qwen-MoE: intermediate_size is the dense MLP's
                 expert_width = _positive(moe_width, "moe_intermediate_size", name)
             if "intermediate_size_mlp" in fields:  # Llama 4: a shared expert per MoE layer
-                dense_width = _positive(fields["intermediate_size_mlp"], "mlp width", name)
+                dense_width = _positive(
+                    fields["intermediate_size_mlp"], "intermediate_size_mlp", name
+                )
                 shared = width
             shared = _count(
                 fields.get("shared_expert_intermediate_size") or shared,
