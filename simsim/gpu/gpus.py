@@ -153,7 +153,8 @@ def _gpu(
 # MI300X datasheet. The H100-SXM, A100-SXM-80GB and L40S rows are the vLLM reference's
 # gpus.json figures exactly. Prices (USD per GPU-hour, on-demand list prices, 2026):
 # Modal's pricing page for H100, H200, B200, A100 80GB/40GB, L40S and L4; Lambda's for
-# the H100 PCIe; Vultr's for the MI300X. Override them for your own contract.
+# the H100 PCIe; Vultr's for the MI300X, as third-party listings quoted them (the H200,
+# B200 and A100 40GB prices are unconfirmed). Override them for your own contract.
 _PRESETS: dict[str, GpuSpec] = {
     gpu.name: gpu
     for gpu in (
