@@ -18,9 +18,10 @@ GPUs (all sizes in bytes, FLOPs and seconds)::
     memory time   = (weights read + KV moved) / HBM bandwidth
     compute time  = (linear FLOPs + attention) / peak FLOP/s (FP8 when weights are FP8)
     all-reduce    = 2 * layers * 2 * (tp - 1) / tp * T * hidden * 2 / interconnect bandwidth
+    all-reduces   = 2 * layers when tp > 1, else 0
 
     step = max(memory_scale * memory time, compute_scale * compute time)
-           + allreduce_scale * all-reduce
+           + allreduce_scale * all-reduce + allreduce_latency_us * all-reduces
            + per_step_us + per_layer_us * layers + per_sequence_us * n
 
 ``experts touched`` is the expected number of distinct experts the step's ``T`` tokens
@@ -70,7 +71,9 @@ class PhysicsCoefficients:
     ``memory_scale`` and ``compute_scale`` are the inverse of the fraction of the GPU's
     datasheet HBM bandwidth and peak FLOP/s that a step achieves (1.0: the datasheet;
     2.0: half of it); ``allreduce_scale`` the same for the tensor-parallel all-reduce over
-    the interconnect. ``per_step_us`` is the scheduler's and launch overhead of one step,
+    the interconnect, and ``allreduce_latency_us`` the fixed time of one all-reduce
+    (launch and synchronisation, whatever its size; two per layer when ``tp > 1``).
+    ``per_step_us`` is the scheduler's and launch overhead of one step,
     ``per_layer_us`` the kernel launches and small operations of one layer, and
     ``per_sequence_us`` the per-sequence work of a step (input preparation, sampling).
     ``before_queue_us``, ``per_output_token_us`` and ``at_completion_us`` are the
@@ -87,6 +90,7 @@ class PhysicsCoefficients:
     before_queue_us: float
     per_output_token_us: float
     at_completion_us: float
+    allreduce_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -140,7 +144,8 @@ class StepTerms(NamedTuple):
 
     ``memory_us`` and ``compute_us`` are the datasheet times of the bytes moved and the
     FLOPs computed per rank, ``allreduce_us`` the all-reduces' datasheet time, ``layers``
-    the model's layers and ``sequences`` the sequences in the step.
+    the model's layers, ``sequences`` the sequences in the step and ``allreduces`` the
+    tensor-parallel all-reduces it takes.
     """
 
     memory_us: float
@@ -148,6 +153,7 @@ class StepTerms(NamedTuple):
     allreduce_us: float
     layers: int
     sequences: int
+    allreduces: int
 
 
 class PhysicsBackend:
@@ -160,6 +166,7 @@ class PhysicsBackend:
 
     __slots__ = (
         "_allreduce_s_per_token",
+        "_allreduces",
         "_attention_flops",
         "_coefficients",
         "_compute_s_per_flop",
@@ -241,7 +248,13 @@ class PhysicsBackend:
             )
         else:
             self._allreduce_s_per_token = 0.0
-        self._layer_us = coefficients.per_step_us + coefficients.per_layer_us * layers
+        self._allreduces = 2 * layers if tp > 1 else 0
+        # The terms that do not depend on the batch, summed once.
+        self._layer_us = (
+            coefficients.per_step_us
+            + coefficients.per_layer_us * layers
+            + coefficients.allreduce_latency_us * self._allreduces
+        )
 
     @property
     def model(self) -> ModelSpec:
@@ -302,13 +315,14 @@ class PhysicsBackend:
             self._allreduce_s_per_token * tokens * 1e6,
             self._model.num_layers,
             sequences,
+            self._allreduces,
         )
 
     def step_us(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> int:
         """One step's duration in whole microseconds (see the module docs)."""
         if not prefills and not decodes:
             return 0
-        memory_us, compute_us, allreduce_us, _, sequences = self.terms(prefills, decodes)
+        memory_us, compute_us, allreduce_us, _, sequences, _ = self.terms(prefills, decodes)
         c = self._coefficients
         total = (
             max(c.memory_scale * memory_us, c.compute_scale * compute_us)

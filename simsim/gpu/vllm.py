@@ -36,6 +36,7 @@ from simsim.gpu.physics import (
 
 if TYPE_CHECKING:
     from simsim.admission import AdmissionControl
+    from simsim.backend import Backend
     from simsim.clock import Environment
     from simsim.scheduler import Scheduler
 
@@ -150,10 +151,13 @@ class VllmConfig:
         *,
         env: Environment | None = None,
         admission: AdmissionControl | None = None,
+        backend: Backend | None = None,
     ) -> BatchingEngine:
-        """A new :class:`~simsim.BatchingEngine` set up as this vLLM replica."""
+        """A new :class:`~simsim.BatchingEngine` set up as this vLLM replica (priced by
+        *backend* instead of :meth:`backend` when given: a wrapper that records steps,
+        say)."""
         return BatchingEngine(
-            self.backend(),
+            self.backend() if backend is None else backend,
             scheduler,
             max_active_requests=self.max_num_seqs,
             max_batch_tokens=self.max_num_batched_tokens,

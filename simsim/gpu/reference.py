@@ -1,0 +1,331 @@
+"""Real vLLM runs as simsim cases: predict them, and compare with what was measured.
+
+A *case* is one row of a table with the input columns of ``train.csv`` (the vLLM
+reference set's README explains them): a server (model, GPU, TP, replicas, vLLM's
+settings), an inference-perf workload (``shared_prefix`` data under ``constant`` load in
+stages) and the stage the row describes (``stage_index = -1``: the whole run). Rows of
+one experiment share everything but the stage, so each experiment is simulated once and
+each row reads its stage's requests (those that arrived during the stage).
+
+Predictions never read a measured column. :func:`predict_cases` gives, per case, the
+latencies a client sees (the engine's plus the frontend's overheads: see
+:func:`simsim.gpu.physics.client_latencies`), ``itl_mean_ms`` as the CSV defines it
+(``(e2e_mean - ttft_mean) / (mean output tokens - 1)``) and ``overloaded``;
+:func:`prediction_errors` compares them with the measured columns where present.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simsim.backend import Backend
+from simsim.cluster import Cluster
+from simsim.engines.base import EngineBase
+from simsim.gpu.physics import PhysicsCoefficients, client_latencies
+from simsim.gpu.vllm import VllmConfig
+from simsim.request import RequestSpec
+
+__all__ = [
+    "INPUT_COLUMNS",
+    "METRICS",
+    "ReferenceCase",
+    "error_summary",
+    "predict_cases",
+    "prediction_errors",
+    "read_cases",
+    "simulate_case",
+]
+
+INPUT_COLUMNS = (
+    "case_id",
+    "model",
+    "hardware",
+    "tp",
+    "dp",
+    "precision",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_mem_util",
+    "stage_index",
+    "all_stage_rates_rps",
+    "all_stage_durations_s",
+    "system_prompt_len",
+    "question_len",
+    "output_len",
+    "num_unique_system_prompts",
+    "num_users_per_system_prompt",
+)
+"""The columns a case is read from; any other column (measurements) is ignored."""
+
+METRICS = (
+    "e2e_mean_ms",
+    "e2e_p90_ms",
+    "e2e_p99_ms",
+    "ttft_mean_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+)
+"""The predicted latencies, named as ``train.csv`` names the measured ones."""
+
+_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceCase:
+    """One row's inputs: the server, the workload and the stage it describes."""
+
+    case_id: str
+    model: str
+    hardware: str
+    tp: int
+    dp: int
+    precision: str | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    gpu_mem_util: float
+    stage_index: int
+    stage_rates_rps: tuple[float, ...]
+    stage_durations_s: tuple[float, ...]
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+    num_unique_system_prompts: int
+    num_users_per_system_prompt: int
+
+    @property
+    def experiment(self) -> tuple[Any, ...]:
+        """Everything but the case id and the stage: rows with the same experiment are
+        simulated once."""
+        return tuple(
+            getattr(self, name) for name in self.__slots__ if name not in ("case_id", "stage_index")
+        )
+
+    def server(self, coefficients: PhysicsCoefficients | None = None) -> VllmConfig:
+        """The vLLM replica this case ran (its precision: FP8 when the row says so)."""
+        from simsim.gpu.models import load_model
+
+        model = load_model(self.model, precision=self.precision)
+        return VllmConfig(
+            model,
+            self.hardware,
+            self.tp,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_mem_util=self.gpu_mem_util,
+            coefficients=coefficients,
+        )
+
+    def stage_window_us(self) -> tuple[int, int]:
+        """The arrival window of this row's stage in microseconds (the whole run for -1)."""
+        starts = np.concatenate([[0.0], np.cumsum(self.stage_durations_s)])
+        if self.stage_index < 0:
+            return 0, round(starts[-1] * 1e6)
+        return round(starts[self.stage_index] * 1e6), round(starts[self.stage_index + 1] * 1e6)
+
+
+def _cell(row: pd.Series, name: str) -> Any:
+    value = row.get(name)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _numbers(text: object, name: str, case_id: object) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in str(text).split(";"))
+    except ValueError:
+        raise ValueError(
+            f"case {case_id}: {name} must be ';'-separated numbers, got {text!r}"
+        ) from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"case {case_id}: {name} must be positive numbers, got {text!r}")
+    return values
+
+
+def _precision(text: object) -> str | None:
+    """``FP8`` when the row's precision says so; otherwise the model's own."""
+    if text is None:
+        return None
+    return "fp8" if "FP8" in str(text).upper() else None
+
+
+def read_cases(table: pd.DataFrame | str) -> list[ReferenceCase]:
+    """The cases of *table* (a frame or a CSV path with ``train.csv``'s input columns)."""
+    frame = pd.read_csv(table) if isinstance(table, str) else table
+    missing = [name for name in INPUT_COLUMNS if name not in frame.columns and name not in ("dp",)]
+    if missing:
+        raise ValueError(f"the cases lack the input column(s) {', '.join(missing)}")
+    cases = []
+    for _, row in frame.iterrows():
+        case_id = row["case_id"]
+        rates = _numbers(row["all_stage_rates_rps"], "all_stage_rates_rps", case_id)
+        durations = _numbers(row["all_stage_durations_s"], "all_stage_durations_s", case_id)
+        if len(rates) != len(durations):
+            raise ValueError(
+                f"case {case_id}: {len(rates)} stage rates but {len(durations)} durations"
+            )
+        stage = int(row["stage_index"])
+        if not -1 <= stage < len(rates):
+            raise ValueError(f"case {case_id}: stage_index {stage} is not -1 or a stage's index")
+        util = _cell(row, "gpu_mem_util")
+        dp = _cell(row, "dp")
+        cases.append(
+            ReferenceCase(
+                case_id=str(case_id),
+                model=str(row["model"]),
+                hardware=str(row["hardware"]),
+                tp=int(row["tp"]),
+                dp=1 if dp is None else int(dp),
+                precision=_precision(_cell(row, "precision")),
+                max_num_batched_tokens=int(row["max_num_batched_tokens"]),
+                max_num_seqs=int(row["max_num_seqs"]),
+                gpu_mem_util=0.9 if util is None else float(util),
+                stage_index=stage,
+                stage_rates_rps=rates,
+                stage_durations_s=durations,
+                system_prompt_len=int(row["system_prompt_len"]),
+                question_len=int(row["question_len"]),
+                output_len=int(row["output_len"]),
+                num_unique_system_prompts=int(row["num_unique_system_prompts"]),
+                num_users_per_system_prompt=int(row["num_users_per_system_prompt"]),
+            )
+        )
+    return cases
+
+
+def case_requests(case: ReferenceCase) -> list[RequestSpec]:
+    """The experiment's requests: staged constant-rate arrivals of shared-prefix prompts."""
+    prompts = case.num_unique_system_prompts * case.num_users_per_system_prompt
+    prompt_len = case.system_prompt_len + case.question_len
+    shared = case.system_prompt_len // _BLOCK_TOKENS
+    full = prompt_len // _BLOCK_TOKENS
+    specs = []
+    start = 0.0
+    request_id = 0
+    for rate, duration in zip(case.stage_rates_rps, case.stage_durations_s, strict=True):
+        for i in range(round(rate * duration)):
+            group, user = divmod(request_id % prompts, case.num_users_per_system_prompt)
+            hashes = tuple(
+                ("system", group, b) if b < shared else ("prompt", group, user, b)
+                for b in range(full)
+            )
+            specs.append(
+                RequestSpec(
+                    request_id=request_id,
+                    arrival_time_us=round((start + i / rate) * 1e6),
+                    prompt_token_count=prompt_len,
+                    max_output_tokens=case.output_len,
+                    block_hashes=hashes,
+                )
+            )
+            request_id += 1
+        start += duration
+    return specs
+
+
+def simulate_case(
+    case: ReferenceCase,
+    coefficients: PhysicsCoefficients | None = None,
+    *,
+    backend: Callable[[VllmConfig], Backend] | None = None,
+) -> pd.DataFrame:
+    """The requests frame of *case*'s whole experiment (every stage), as a client sees it
+    (``client_ttft_us``, ``client_e2e_us``), with ``dp`` replicas behind a least-outstanding
+    router when ``dp > 1``. *backend*, given the replica's settings, makes each replica's
+    backend instead of the physics one (the fitting procedure records steps with it)."""
+    config = case.server(coefficients)
+
+    def replica() -> EngineBase:
+        return config.engine(backend=None if backend is None else backend(config))
+
+    if case.dp == 1:
+        server: Any = replica()
+    else:
+        server = Cluster([replica() for _ in range(case.dp)], "least_outstanding")
+    for spec in case_requests(case):
+        server.submit(spec)
+    server.run()
+    return client_latencies(server.requests_frame(), config.frontend)
+
+
+def case_metrics(frame: pd.DataFrame, case: ReferenceCase) -> dict[str, Any]:
+    """*case*'s predicted metrics from its experiment's *frame* (:func:`simulate_case`)."""
+    low, high = case.stage_window_us()
+    arrived = frame["arrival_time_us"]
+    rows = frame[(arrived >= low) & (arrived < high)]
+    ttft = rows["client_ttft_us"].to_numpy(float) / 1e3
+    e2e = rows["client_e2e_us"].to_numpy(float) / 1e3
+    tokens = rows["generated_token_count"].to_numpy(float)
+    out: dict[str, Any] = {"case_id": case.case_id}
+    for name, values in (("e2e", e2e), ("ttft", ttft)):
+        out[f"{name}_mean_ms"] = float(values.mean())
+        out[f"{name}_p90_ms"] = float(np.percentile(values, 90))
+        out[f"{name}_p99_ms"] = float(np.percentile(values, 99))
+    out["itl_mean_ms"] = (out["e2e_mean_ms"] - out["ttft_mean_ms"]) / max(tokens.mean() - 1, 1)
+    return out
+
+
+def predict_cases(
+    cases: Sequence[ReferenceCase],
+    coefficients: PhysicsCoefficients | None = None,
+    *,
+    progress: Callable[[ReferenceCase], None] | None = None,
+) -> pd.DataFrame:
+    """One row of predicted metrics per case (:data:`METRICS`, ``overloaded``), in order."""
+    from simsim.results import overload_check
+
+    frames: dict[tuple[Any, ...], pd.DataFrame] = {}
+    rows = []
+    for case in cases:
+        key = case.experiment
+        if key not in frames:
+            if progress is not None:
+                progress(case)
+            frames[key] = simulate_case(case, coefficients)
+        frame = frames[key]
+        row = case_metrics(frame, case)
+        low, high = case.stage_window_us()
+        row["overloaded"] = bool(overload_check(frame, start_us=low, end_us=high).overloaded)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["case_id", *METRICS, "overloaded"])
+
+
+def prediction_errors(predictions: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """Per case and metric, the signed percentage error of *predictions* against the
+    measured columns of *measured* (rows matched by ``case_id``; metrics it lacks are left
+    out), with ``quality_flag`` when present."""
+    present = [m for m in METRICS if m in measured.columns]
+    keep = ["case_id", *present] + (["quality_flag"] if "quality_flag" in measured else [])
+    real = measured[keep].astype({"case_id": str})
+    both = predictions.astype({"case_id": str}).merge(
+        real, on="case_id", suffixes=("", "_measured")
+    )
+    out = both[["case_id", "overloaded"]].copy()
+    for metric in present:
+        out[f"{metric}_error_pct"] = 100 * (both[metric] / both[f"{metric}_measured"] - 1)
+    if "quality_flag" in both:
+        out["quality_flag"] = both["quality_flag"]
+    return out
+
+
+def error_summary(errors: pd.DataFrame, rows: Iterable[bool] | None = None) -> pd.DataFrame:
+    """Median and mean absolute percentage error per metric over *errors*' rows (all, or
+    those *rows* selects)."""
+    chosen = errors if rows is None else errors[list(rows)]
+    table = []
+    for column in [c for c in chosen.columns if c.endswith("_error_pct")]:
+        absolute = chosen[column].abs()
+        table.append(
+            {
+                "metric": column.removesuffix("_error_pct"),
+                "median_ape_pct": float(absolute.median()),
+                "mean_ape_pct": float(absolute.mean()),
+                "cases": int(absolute.count()),
+            }
+        )
+    return pd.DataFrame(table, columns=["metric", "median_ape_pct", "mean_ape_pct", "cases"])

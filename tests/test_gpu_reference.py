@@ -1,0 +1,128 @@
+"""The vLLM reference cases: reading rows, the workload they describe, the runner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simsim.gpu.reference import (
+    INPUT_COLUMNS,
+    METRICS,
+    case_requests,
+    error_summary,
+    prediction_errors,
+    read_cases,
+)
+
+DATA = Path(__file__).parent / "data"
+TRAIN = pd.read_csv(DATA / "vllm_train.csv")
+ROOT = Path(__file__).parent.parent
+
+
+def row(case_id: int) -> pd.DataFrame:
+    return TRAIN[TRAIN["case_id"] == case_id]
+
+
+def test_every_training_row_reads_as_a_case() -> None:
+    cases = read_cases(TRAIN)
+    assert len(cases) == 40
+    assert len({case.experiment for case in cases}) == 16
+    first = cases[0]
+    assert (first.model, first.hardware, first.tp, first.dp) == (
+        "meta-llama/Llama-2-7b-hf",
+        "H100",
+        1,
+        1,
+    )
+    assert first.stage_rates_rps == (5.0, 10.0)
+    assert first.gpu_mem_util == 0.9  # empty: vLLM's default
+    assert first.precision is None  # FP16 native: the model's own
+
+
+def test_only_input_columns_are_read() -> None:
+    inputs = TRAIN[[c for c in INPUT_COLUMNS if c in TRAIN.columns]]
+    assert read_cases(inputs) == read_cases(TRAIN)
+
+
+def test_stage_windows_cover_the_run() -> None:
+    cases = read_cases(row(154)) + read_cases(row(155)) + read_cases(row(156))
+    assert [case.stage_window_us() for case in cases] == [
+        (0, 1_200_000_000),
+        (0, 600_000_000),
+        (600_000_000, 1_200_000_000),
+    ]
+
+
+def test_requests_follow_the_stages_and_share_system_prompts() -> None:
+    (case,) = read_cases(row(154))
+    specs = case_requests(case)
+    # 5/s for 600 s then 10/s for 600 s, one request every 1/rate s
+    assert len(specs) == 3000 + 6000
+    assert [s.arrival_time_us for s in specs[:2]] == [0, 200_000]
+    assert specs[3000].arrival_time_us == 600_000_000
+    assert specs[3001].arrival_time_us == 600_100_000
+    assert {s.prompt_token_count for s in specs} == {566}
+    assert {s.max_output_tokens for s in specs} == {247}
+    # 11 system prompts x 4 users = 44 prompts, in turn; 100 system tokens = 6 full blocks
+    first, same_group, same_prompt = specs[0], specs[1], specs[44]
+    assert first.block_hashes is not None and len(first.block_hashes) == 566 // 16
+    assert first.block_hashes[:6] == same_group.block_hashes[:6]
+    assert first.block_hashes[6:] != same_group.block_hashes[6:]
+    assert first.block_hashes == same_prompt.block_hashes
+
+
+def test_bad_rows_are_named() -> None:
+    bad = row(154).assign(all_stage_rates_rps="5;x")
+    with pytest.raises(ValueError, match="case 154: all_stage_rates_rps"):
+        read_cases(bad)
+    with pytest.raises(ValueError, match="2 stage rates but 1 durations"):
+        read_cases(row(154).assign(all_stage_durations_s="600"))
+    with pytest.raises(ValueError, match="lack the input column"):
+        read_cases(TRAIN.drop(columns=["output_len"]))
+
+
+def test_errors_compare_by_case_id() -> None:
+    predictions = pd.DataFrame(
+        [
+            {
+                "case_id": "154",
+                **{m: 2 * float(row(154)[m].iloc[0]) for m in METRICS},
+                "overloaded": False,
+            }
+        ]
+    )
+    errors = prediction_errors(predictions, TRAIN)
+    assert errors.loc[0, "e2e_mean_ms_error_pct"] == pytest.approx(100.0)
+    summary = error_summary(errors)
+    assert set(summary["median_ape_pct"].round(6)) == {100.0}
+
+
+def test_runner_predicts_shortened_cases(tmp_path: Path) -> None:
+    # Two experiments cut to a few seconds: a steady one and one far past capacity.
+    steady = row(158).assign(all_stage_durations_s="8", stage_duration_s=8)
+    flooded = row(160).assign(all_stage_rates_rps="40", all_stage_durations_s="20")
+    cases = pd.concat([steady, flooded])[[c for c in INPUT_COLUMNS if c in TRAIN]]
+    path = tmp_path / "cases.csv"
+    cases.to_csv(path, index=False)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/vllm_reference/run.py"),
+            "--cases",
+            str(path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    predictions = pd.read_csv(tmp_path / "out/predictions.csv")
+    assert list(predictions.columns) == ["case_id", *METRICS, "overloaded"]
+    assert predictions["overloaded"].tolist() == [False, True]
+    assert (predictions[list(METRICS)] > 0).all().all()
+    assert not (tmp_path / "out/errors.csv").exists()  # no measured columns given
