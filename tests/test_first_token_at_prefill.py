@@ -199,8 +199,9 @@ def test_scenario_key_builds_the_engine_and_disaggregation_refuses_it() -> None:
             {"request_id": 0, "arrival_time_us": 0, "prompt_token_count": 4, "max_output_tokens": 2}
         ],
     }
-    built = parse_scenario(document).build()
-    assert isinstance(built, simsim.BatchingEngine) and built.first_token_at_prefill
+    scenario = parse_scenario(document)
+    for built in (scenario.build(), scenario.build_served()):  # simsim run, simsim serve
+        assert isinstance(built, simsim.BatchingEngine) and built.first_token_at_prefill
     document["batching"]["first_token_at_prefill"] = "yes"
     with pytest.raises(
         ScenarioError, match=r"batching\.first_token_at_prefill: must be true or false"
@@ -266,6 +267,7 @@ def test_every_prefill_end_gives_a_token_and_tokens_are_conserved(setup: tuple[A
     for spec in specs:
         server.submit(spec.make())
     server.run()
+    assert server.kv_blocks_in_use == 0
     records = log(server)
     by_request: dict[int, list[tuple[int, E]]] = {}
     for time_us, kind, rid in records:
