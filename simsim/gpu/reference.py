@@ -30,11 +30,17 @@ from simsim.engines.base import EngineBase
 from simsim.gpu.physics import PhysicsCoefficients, client_latencies
 from simsim.gpu.vllm import VllmConfig
 from simsim.request import RequestSpec
+from simsim.workloads import Fixed, OpenLoopWorkload, SharedPrefixes
+from simsim.workloads.arrivals import Stage, StagedArrivals
 
 __all__ = [
     "INPUT_COLUMNS",
     "METRICS",
+    "SEED",
     "ReferenceCase",
+    "case_metrics",
+    "case_requests",
+    "case_workload",
     "error_summary",
     "predict_cases",
     "prediction_errors",
@@ -75,6 +81,8 @@ METRICS = (
 """The predicted latencies, named as ``train.csv`` names the measured ones."""
 
 _BLOCK_TOKENS = 16
+SEED = 0
+"""The seed every case's workload is drawn from (one run per experiment, as measured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,34 +206,30 @@ def read_cases(table: pd.DataFrame | str) -> list[ReferenceCase]:
     return cases
 
 
-def case_requests(case: ReferenceCase) -> list[RequestSpec]:
-    """The experiment's requests: staged constant-rate arrivals of shared-prefix prompts."""
-    prompts = case.num_unique_system_prompts * case.num_users_per_system_prompt
-    prompt_len = case.system_prompt_len + case.question_len
-    shared = case.system_prompt_len // _BLOCK_TOKENS
-    full = prompt_len // _BLOCK_TOKENS
-    specs = []
-    start = 0.0
-    request_id = 0
-    for rate, duration in zip(case.stage_rates_rps, case.stage_durations_s, strict=True):
-        for i in range(round(rate * duration)):
-            group, user = divmod(request_id % prompts, case.num_users_per_system_prompt)
-            hashes = tuple(
-                ("system", group, b) if b < shared else ("prompt", group, user, b)
-                for b in range(full)
-            )
-            specs.append(
-                RequestSpec(
-                    request_id=request_id,
-                    arrival_time_us=round((start + i / rate) * 1e6),
-                    prompt_token_count=prompt_len,
-                    max_output_tokens=case.output_len,
-                    block_hashes=hashes,
-                )
-            )
-            request_id += 1
-        start += duration
-    return specs
+def case_workload(case: ReferenceCase) -> OpenLoopWorkload:
+    """The experiment's workload as inference-perf made it: ``shared_prefix`` data (users
+    who take turns, each repeating its question behind its group's system prompt, in
+    16-token blocks) under the ``constant`` load's stages, whose gaps inference-perf draws
+    at random and rescales to fill each stage (``gaps="exponential"``)."""
+    stages = [
+        Stage(rate, round(duration * 1e6))
+        for rate, duration in zip(case.stage_rates_rps, case.stage_durations_s, strict=True)
+    ]
+    return OpenLoopWorkload(
+        arrivals=StagedArrivals(stages, gaps="exponential"),
+        prompt_tokens=Fixed(case.question_len),
+        output_tokens=Fixed(case.output_len),
+        shared_prefixes=SharedPrefixes(
+            [case.system_prompt_len] * case.num_unique_system_prompts,
+            _BLOCK_TOKENS,
+            users_per_prefix=case.num_users_per_system_prompt,
+        ),
+    )
+
+
+def case_requests(case: ReferenceCase, seed: int = SEED) -> tuple[RequestSpec, ...]:
+    """The experiment's requests (:func:`case_workload`) from *seed*."""
+    return case_workload(case).generate(seed).requests
 
 
 def simulate_case(
@@ -277,7 +281,7 @@ def predict_cases(
     progress: Callable[[ReferenceCase], None] | None = None,
 ) -> pd.DataFrame:
     """One row of predicted metrics per case (:data:`METRICS`, ``overloaded``), in order."""
-    from simsim.results import overload_check
+    from simsim.overload import overload_check
 
     frames: dict[tuple[Any, ...], pd.DataFrame] = {}
     rows = []

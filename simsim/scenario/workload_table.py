@@ -129,7 +129,7 @@ _ARRIVAL_KEYS = {
     "poisson": ("process", "rate_per_s"),
     "gamma": ("process", "rate_per_s", "cv"),
     "fixed": ("process", "rate_per_s"),
-    "staged": ("process", "stages"),
+    "staged": ("process", "stages", "gaps"),
 }
 _STAGE_KEYS = ("rate_per_s", "duration_s", "duration_us")
 _DISTRIBUTION_KEYS = {
@@ -512,7 +512,8 @@ def _parse_arrivals(
 
 
 def _parse_stages(check: TomlChecker, spec: Mapping[str, Any], at: str) -> StagedArrivals:
-    """``{ process = "staged", stages = [{ rate_per_s = R, duration_s = D }, ...] }``."""
+    """``{ process = "staged", stages = [{ rate_per_s = R, duration_s = D }, ...] }``, and
+    optionally ``gaps = "even" | "exponential"``."""
     where = f"{at}.stages"
     if "stages" not in spec:
         raise check.fail(where, "missing required key (an array of { rate_per_s, duration_s })")
@@ -549,7 +550,8 @@ def _parse_stages(check: TomlChecker, spec: Mapping[str, Any], at: str) -> Stage
                 )
             duration_us = int(micros)
         stages.append(make(check, here, Stage, rate_per_s=rate, duration_us=duration_us))
-    return make(check, where, StagedArrivals, stages)
+    gaps = check.choice(spec, "gaps", at, ("even", "exponential"), default="even")
+    return make(check, where, StagedArrivals, stages, gaps)
 
 
 def _parse_optional_distribution(

@@ -135,6 +135,9 @@ _WHOLE_TOLERANCE = 1e-9
 that ``0.3`` requests/s for 10 s make 3 requests although ``0.3`` is not exact in binary."""
 
 
+_GAPS = ("even", "exponential")
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """One stage of a :class:`StagedArrivals` load: ``rate_per_s`` for ``duration_us``."""
@@ -173,13 +176,18 @@ class StagedArrivals:
     :class:`Stage` s or ``(rate_per_s, duration_us)`` pairs and is stored as a tuple of
     :class:`Stage`.
 
-    inference-perf's own ``constant`` timer draws a stage's gaps at random (exponential,
-    rescaled to fill the stage exactly) and starts a stage only once every request of the
-    one before has finished; simsim keeps the even, back-to-back schedule the stages
-    describe (``docs/scenarios.md`` compares the two).
+    ``gaps="exponential"`` draws the gaps as inference-perf's ``constant`` timer does: a
+    stage's :attr:`Stage.request_count` gaps are exponential with mean ``1 / rate``, then
+    rescaled so that they add up to the stage's duration exactly (its last request at its
+    end), from *rng*. inference-perf also starts a stage only once every request of the
+    one before has finished; simsim keeps the stages back to back (``docs/scenarios.md``
+    compares the two).
     """
 
     stages: Sequence[Stage | tuple[float, int]]
+    gaps: str = "even"
+    """``"even"`` (one request every ``1 / rate``) or ``"exponential"`` (inference-perf's
+    timer: random gaps rescaled to fill each stage)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, str | bytes) or not isinstance(self.stages, Sequence):
@@ -209,6 +217,10 @@ class StagedArrivals:
                 f"the stages last {total_us} us in all, past the 64-bit limit 2**63 - 1"
             )
         _set(self, "stages", tuple(stages))
+        if self.gaps not in _GAPS:
+            raise ValueError(
+                f"gaps must be one of {', '.join(map(repr, _GAPS))}, got {self.gaps!r}"
+            )
 
     @property
     def count(self) -> int:
@@ -255,7 +267,8 @@ class StagedArrivals:
 
     def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
         """The first *count* arrival times from *start_us* (``int64``, non-decreasing);
-        *rng* is unused. *count* may not pass :attr:`count`."""
+        *rng* draws the gaps when they are exponential. *count* may not pass
+        :attr:`count`."""
         count = self._check_count(count)
         starts = self.stage_starts_us(start_us)
         parts: list[IntArray] = []
@@ -264,7 +277,11 @@ class StagedArrivals:
             take = min(stage.request_count, left)
             if take == 0:
                 continue
-            offsets = np.arange(1, take + 1, dtype=np.float64) * 1e6 / stage.rate_per_s
+            if self.gaps == "even":
+                offsets = np.arange(1, take + 1, dtype=np.float64) * 1e6 / stage.rate_per_s
+            else:  # the whole stage's gaps are drawn and rescaled, then the first taken
+                gaps = rng.exponential(1e6 / stage.rate_per_s, stage.request_count)
+                offsets = np.cumsum(gaps * (stage.duration_us / gaps.sum()))[:take]
             parts.append(_arrivals_from_offsets(offsets, stage_start))
             left -= take
         if not parts:
