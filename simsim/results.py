@@ -29,6 +29,7 @@ import pandas as pd
 from simsim.admission import REJECTION_REASONS
 from simsim.checks import check_positive_int, check_real, check_weight
 from simsim.clock import check_count, check_time_us
+from simsim.overload import overload_check
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import METADATA_COLUMNS as METADATA_COLUMN_DTYPES
 from simsim.request import Request, RequestState
@@ -38,6 +39,7 @@ __all__ = [
     "CLIENT_COLUMNS",
     "DEFAULT_PERCENTILES",
     "NO_CLASS",
+    "OVERLOAD_METRICS",
     "REPLICA_LOAD_WINDOWS",
     "REQUEST_COLUMNS",
     "TOKEN_COLUMNS",
@@ -107,6 +109,13 @@ CLIENT_COLUMNS: Final = ("client_ttft_us", "client_e2e_us")
 """Latencies as a client sees them, beyond the engine's: the columns
 :meth:`simsim.scenario.Scenario.requests_frame` appends for a vLLM server (its frontend's
 overheads added). :func:`summarize` reports the statistics of those a frame has."""
+OVERLOAD_METRICS: Final = (
+    "overloaded",
+    "arrival_rate_requests_per_s",
+    "completion_rate_requests_per_s",
+    "queue_growth",
+)
+"""The rows :func:`run_summary` appends from :func:`simsim.overload.overload_check`."""
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 """The percentiles :func:`summarize` reports unless told otherwise."""
 
@@ -1196,19 +1205,34 @@ def run_summary(
     """:func:`summarize` of *server*'s run with its slots and replicas
     (:func:`server_slots`): the occupancy rows (``mean_queue_length``,
     ``mean_active_requests``, ``utilization``) and, for a cluster, every replica's
-    load-balance rows, a replica given nothing included. *requests* is the server's
+    load-balance rows, a replica given nothing included, then the overload rows of
+    :func:`simsim.overload.overload_check` over the whole run: ``overloaded`` (1 or 0),
+    ``arrival_rate_requests_per_s`` and ``completion_rate_requests_per_s`` (over the
+    span in which requests arrive) and ``queue_growth`` (the queue's fitted growth over
+    that span's second half, in requests). *requests* is the server's
     :meth:`requests_frame` when already made; the SLO targets and *percentiles* are
     :func:`summarize`'s.
     """
     slots, replicas = server_slots(server)
-    return summarize(
-        server.requests_frame() if requests is None else requests,
+    frame = server.requests_frame() if requests is None else requests
+    summary = summarize(
+        frame,
         ttft_slo_us=ttft_slo_us,
         tpot_slo_us=tpot_slo_us,
         percentiles=percentiles,
         slots=slots,
         replicas=replicas,
     )
+    verdict = overload_check(frame)
+    values = (
+        float(verdict.overloaded),
+        verdict.arrival_rate_per_s,
+        verdict.completion_rate_per_s,
+        verdict.queue_growth,
+    )
+    for name, value in zip(OVERLOAD_METRICS, values, strict=True):
+        summary.loc[name, "value"] = value
+    return summary
 
 
 def run_tables(
