@@ -179,7 +179,12 @@ def cannot(engine: str, ability: Ability) -> str | None:
             "gives the same request table"
         )
     else:
-        able = [name for name, other in ENGINE_KINDS.items() if other.can(ability)]
+        # A kind that prices its steps itself (vllm) takes no fitted backend either.
+        able = [
+            name
+            for name, other in ENGINE_KINDS.items()
+            if other.can(ability) and (ability != "prices_context" or other.takes_backend)
+        ]
         message += ": use engine = " + " or ".join(f'"{name}"' for name in able)
     return message
 

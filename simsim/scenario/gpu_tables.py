@@ -104,6 +104,14 @@ def parse_vllm(
     for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if key in table:
             settings[key] = check.integer(table, key, "vllm", minimum=1)
+    seqs = settings.get("max_num_seqs", 256)
+    budget = settings.get("max_num_batched_tokens", 8192)
+    if budget < seqs:
+        raise check.fail(
+            "vllm.max_num_batched_tokens",
+            f"must be at least max_num_seqs ({seqs}), got {budget}: every running sequence "
+            "decodes a token in each step",
+        )
     if "gpu_mem_util" in table:
         settings["gpu_mem_util"] = check.number(table, "gpu_mem_util", "vllm")
     if "enable_prefix_caching" in table:
