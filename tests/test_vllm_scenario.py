@@ -401,6 +401,25 @@ def test_a_cluster_of_vllm_replicas(tmp_path: Path) -> None:
     assert "cluster.router: 'prefix_affinity'" in message
 
 
+def test_a_sweep_over_vllm_settings_reports_client_latencies() -> None:
+    document = {
+        "scenario": {"engine": "vllm"},
+        "vllm": {"model": LLAMA2},
+        "backend": {"kind": "physics", "before_queue_us": 1000.0},
+        "workload": {
+            "count": 12,
+            "rate_per_s": 20.0,
+            "prompt_tokens": [50, 200],
+            "output_tokens": [5, 20],
+        },
+    }
+    result = simsim.sweep(document, {"vllm.tp": [1, 2]}, replications=1, workers=1)
+    runs = result.runs.set_index("vllm.tp")
+    assert (runs["client_ttft_us_mean"] == runs["ttft_us_mean"] + 1000.0).all()
+    # Two GPUs split the weights each step reads: decode steps are quicker.
+    assert runs.loc[2, "tpot_us_mean"] < runs.loc[1, "tpot_us_mean"]
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
@@ -443,6 +462,22 @@ def test_simsim_run_says_what_it_built_and_what_a_client_sees(
     assert list(requests.columns[-2:]) == list(CLIENT_COLUMNS)
     summary = pd.read_csv(out_dir / "summary.csv").set_index("metric")["value"]
     assert summary["client_ttft_us_mean"] == pytest.approx(requests["client_ttft_us"].mean())
+
+
+def test_simsim_run_names_an_overloaded_vllm_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One running sequence at a time and long outputs: arrivals outpace completions.
+    workload = (
+        "count = 120\nrate_per_s = 200.0\nprompt_tokens = [500, 600]\noutput_tokens = [200, 220]"
+    )
+    body = f'[vllm]\nmodel = "{LLAMA2}"\nmax_num_seqs = 1\n[workload]\n{workload}'
+    path = scenario_file(tmp_path, body, requests="")
+    code, out, _ = cli(capsys, "run", str(path), "--out", str(tmp_path / "out"))
+    assert code == 0
+    assert any(line.startswith("overloaded: the queue grew") for line in out.splitlines())
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("metric")["value"]
+    assert summary["overloaded"] == 1.0
 
 
 def test_simsim_run_of_another_engine_prints_no_client_rows(
