@@ -172,7 +172,7 @@ def test_a_user_gpu_is_named_like_a_preset(tmp_path: Path) -> None:
         (
             f'[vllm]\nmodel = "{LLAMA2}"\ngpu = "H10"',
             "vllm.gpu",
-            "unknown GPU 'H10' (did you mean 'H100'?); known GPUs: H100-SXM",
+            "unknown GPU 'H10' (did you mean 'H100-SXM'?); known GPUs: H100-SXM",
         ),
         (
             f'[vllm]\nmodel = "{LLAMA2}"\ntp = 3',
@@ -356,6 +356,21 @@ def test_client_latencies_add_the_frontend_overheads_in_the_frames(tmp_path: Pat
     summary = simsim.summarize(frame)["value"]
     assert summary["client_ttft_us_mean"] == pytest.approx(summary["ttft_us_mean"] + 1500.0)
     assert summary["client_e2e_us_p99"] == pytest.approx(frame["client_e2e_us"].quantile(0.99))
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_shared_prefixes_name_blocks_the_prefix_cache_shares(tmp_path: Path, caching: bool) -> None:
+    # No [prefix_cache] table: a vLLM server takes block hashes, and uses them when on.
+    workload = (
+        "count = 20\nrate_per_s = 50.0\nprompt_tokens = [300, 400]\noutput_tokens = [4, 8]\n"
+        "shared_prefixes = { lengths = [256] }"
+    )
+    body = f'[vllm]\nmodel = "{LLAMA2}"\nenable_prefix_caching = {str(caching).lower()}\n'
+    scenario = load(tmp_path, f"{body}[workload]\n{workload}", requests="")
+    frame = run_scenario(scenario).requests_frame()
+    assert (frame["state"] == "FINISHED").all()
+    hits = frame["cached_prompt_tokens"].sum() if "cached_prompt_tokens" in frame else 0
+    assert bool(hits > 0) is caching
 
 
 def test_an_unfinished_request_has_no_client_latency(tmp_path: Path) -> None:

@@ -18,12 +18,12 @@ from typing import Any
 
 from simsim.checks import closest
 from simsim.engines import KvCacheConfig
-from simsim.gpu.gpus import GPUS, GpuSpec, load_gpu
+from simsim.gpu.gpus import GpuSpec, load_gpu
 from simsim.gpu.memory import DoesNotFitError, check_tensor_parallel, memory_plan
 from simsim.gpu.models import MODELS, ModelSpec, load_model
 from simsim.gpu.physics import DEFAULT_COEFFICIENTS, PhysicsCoefficients
 from simsim.gpu.vllm import VllmConfig
-from simsim.scenario.checker import ScenarioError, TomlChecker, make
+from simsim.scenario.checker import TomlChecker
 from simsim.scenario.model import BatchingSpec, PhysicsBackendSpec
 
 __all__ = [
@@ -113,21 +113,19 @@ def parse_vllm(
             "decodes a token in each step",
         )
     if "gpu_mem_util" in table:
-        settings["gpu_mem_util"] = check.number(table, "gpu_mem_util", "vllm")
+        util = check.number(table, "gpu_mem_util", "vllm")
+        if not 0 < util <= 1:
+            raise check.fail("vllm.gpu_mem_util", f"must be in (0, 1], got {util!r}")
+        settings["gpu_mem_util"] = util
     if "enable_prefix_caching" in table:
         settings["enable_prefix_caching"] = check.boolean(
             table, "enable_prefix_caching", "vllm", default=True
         )
     coefficients = _vllm_coefficients(check, data)
-    try:
-        return make(
-            check, "vllm", VllmConfig, model, gpu, tp, coefficients=coefficients, **settings
-        )
-    except ScenarioError as error:
-        if not error.rule.startswith(model.name):
-            raise
-        # Only the does-not-fit rule starts with the model's name; it suggests a tp.
-        raise check.fail("vllm.tp", error.rule) from None
+    try:  # every setting is valid by now: what is left is whether the model fits
+        return VllmConfig(model, gpu, tp, coefficients=coefficients, **settings)
+    except DoesNotFitError as error:
+        raise check.fail("vllm.tp", str(error)) from None
 
 
 def vllm_batching(config: VllmConfig) -> BatchingSpec:
@@ -139,6 +137,7 @@ def vllm_batching(config: VllmConfig) -> BatchingSpec:
         policy="mixed",
         kv_cache=KvCacheConfig(config.block_size, config.memory().kv_blocks),
         prefix_cache=config.enable_prefix_caching,
+        first_token_at_prefill=True,
     )
 
 
@@ -214,14 +213,14 @@ def _model(
         if "kv_cache_dtype" in table
         else None
     )
-    source = name
+    source = name  # a preset, or an unknown name load_model finds a did-you-mean for
     if name.lower() not in {preset.lower() for preset in MODELS}:
         path = Path(name).expanduser()
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
-        if path.exists() or path.suffix == ".json":
+        if path.exists():
             source = str(path)
-        if path.suffix == ".json" and not path.exists():
+        elif path.suffix == ".json":
             raise check.fail(
                 f"{where}.model",
                 f"no config.json at {path} (a relative path is read from the scenario "
@@ -245,20 +244,15 @@ def _gpu(
         return by_lower[name.lower()]
     try:
         return load_gpu(name)
-    except ValueError:
-        pass
-    known = [*GPUS, "H100", "A100", "A100-80GB", "A100-40GB", *gpus]
-    guess = closest(name, known) or closest(name.lower(), [k.lower() for k in known])
-    hint = ""
-    if guess is not None:
-        spelled = next(k for k in known if k.lower() == guess.lower())
-        hint = f" (did you mean {spelled!r}?)"
-    own = f"; defined in [gpus]: {', '.join(gpus)}" if gpus else ""
-    raise check.fail(
-        f"{where}.gpu",
-        f"unknown GPU {name!r}{hint}; known GPUs: {', '.join(GPUS)}{own} (define your own "
-        "in a [gpus.<name>] table)",
-    )
+    except ValueError as error:
+        rule = str(error)
+    if gpus:
+        guess = closest(name.lower(), by_lower)
+        if guess is not None:  # the file's own GPU, misspelt
+            own = next(spelled for spelled in gpus if spelled.lower() == guess)
+            rule = f"unknown GPU {name!r} (did you mean {own!r}?)"
+        rule += f"; defined in [gpus]: {', '.join(gpus)}"
+    raise check.fail(f"{where}.gpu", rule)
 
 
 def _tp(check: TomlChecker, table: Mapping[str, Any], where: str, model: ModelSpec) -> int:
