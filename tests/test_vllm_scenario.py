@@ -373,6 +373,23 @@ def test_shared_prefixes_name_blocks_the_prefix_cache_shares(tmp_path: Path, cac
     assert bool(hits > 0) is caching
 
 
+def test_an_inference_perf_workload_runs_on_a_vllm_server(tmp_path: Path) -> None:
+    # The reference set's rows are inference-perf runs on vLLM: its example's server tables
+    # replaced by a [vllm] table make the same requests share prefixes in vLLM's cache.
+    example = Path(__file__).resolve().parent.parent / "examples/scenarios/inference_perf.toml"
+    text = example.read_text(encoding="utf-8")
+    server = text[text.index("[backend]") : text.index("[workload]")]
+    vllm = '[vllm]\nmodel = "meta-llama/Llama-3.1-8B-Instruct"\nmax_num_batched_tokens = 2048\n'
+    text = text.replace(server, vllm).replace('engine = "batching"', 'engine = "vllm"')
+    path = tmp_path / "inference_perf.toml"
+    path.write_text(text, encoding="utf-8")
+    scenario = load_scenario(path)
+    frame = scenario.requests_frame(run_scenario(scenario))
+    assert (frame["state"] == "FINISHED").all()
+    assert frame["cached_prompt_tokens"].sum() > 0
+    assert set(frame["tag_stage"]) == {0, 1}
+
+
 def test_an_unfinished_request_has_no_client_latency(tmp_path: Path) -> None:
     cancel = "\n[[cancellations]]\ntime_us = 0\nrequest_id = 0\n"
     scenario = load(tmp_path, f'[vllm]\nmodel = "{LLAMA2}"\n{FRONTEND}{cancel}')
