@@ -29,6 +29,7 @@ import pandas as pd
 from simsim.admission import REJECTION_REASONS
 from simsim.checks import check_positive_int, check_real, check_weight
 from simsim.clock import check_count, check_time_us
+from simsim.overload import overload_check
 from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
 from simsim.request import METADATA_COLUMNS as METADATA_COLUMN_DTYPES
 from simsim.request import Request, RequestState
@@ -37,6 +38,7 @@ __all__ = [
     "CLASS_KEYS",
     "DEFAULT_PERCENTILES",
     "NO_CLASS",
+    "OVERLOAD_METRICS",
     "REPLICA_LOAD_WINDOWS",
     "REQUEST_COLUMNS",
     "TOKEN_COLUMNS",
@@ -102,6 +104,13 @@ _DECODE_QUEUE_DELAY = "decode_queue_delay_us"
 """The column of a disaggregated cluster's frame that holds each request's wait for
 admission on its decode replica (decode admission - hand-off); :func:`summarize` gives
 its statistics after ``queue_delay_us``'s."""
+OVERLOAD_METRICS: Final = (
+    "overloaded",
+    "arrival_rate_requests_per_s",
+    "completion_rate_requests_per_s",
+    "queue_growth",
+)
+"""The rows :func:`run_summary` appends from :func:`simsim.overload.overload_check`."""
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 """The percentiles :func:`summarize` reports unless told otherwise."""
 
@@ -1188,19 +1197,34 @@ def run_summary(
     """:func:`summarize` of *server*'s run with its slots and replicas
     (:func:`server_slots`): the occupancy rows (``mean_queue_length``,
     ``mean_active_requests``, ``utilization``) and, for a cluster, every replica's
-    load-balance rows, a replica given nothing included. *requests* is the server's
+    load-balance rows, a replica given nothing included, then the overload rows of
+    :func:`simsim.overload.overload_check` over the whole run: ``overloaded`` (1 or 0),
+    ``arrival_rate_requests_per_s`` and ``completion_rate_requests_per_s`` (over the
+    span in which requests arrive) and ``queue_growth`` (the queue's fitted growth over
+    that span's second half, in requests). *requests* is the server's
     :meth:`requests_frame` when already made; the SLO targets and *percentiles* are
     :func:`summarize`'s.
     """
     slots, replicas = server_slots(server)
-    return summarize(
-        server.requests_frame() if requests is None else requests,
+    frame = server.requests_frame() if requests is None else requests
+    summary = summarize(
+        frame,
         ttft_slo_us=ttft_slo_us,
         tpot_slo_us=tpot_slo_us,
         percentiles=percentiles,
         slots=slots,
         replicas=replicas,
     )
+    verdict = overload_check(frame)
+    values = (
+        float(verdict.overloaded),
+        verdict.arrival_rate_per_s,
+        verdict.completion_rate_per_s,
+        verdict.queue_growth,
+    )
+    for name, value in zip(OVERLOAD_METRICS, values, strict=True):
+        summary.loc[name, "value"] = value
+    return summary
 
 
 def run_tables(server: RecordedServer) -> dict[str, pd.DataFrame]:

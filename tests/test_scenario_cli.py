@@ -25,6 +25,7 @@ import pytest
 
 import simsim
 from simsim.cli import main
+from simsim.results import OVERLOAD_METRICS
 from simsim.scenario import (
     RequestSpec,
     ScenarioError,
@@ -61,6 +62,7 @@ METRICS = [
     "mean_queue_length",
     "mean_active_requests",
     "utilization",
+    *OVERLOAD_METRICS,
 ]
 
 

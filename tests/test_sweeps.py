@@ -34,7 +34,13 @@ import pandas.testing as pdt
 import pytest
 
 import simsim
-from simsim.results import REQUEST_COLUMNS, percentile_label, requests_frame, summarize
+from simsim.results import (
+    OVERLOAD_METRICS,
+    REQUEST_COLUMNS,
+    percentile_label,
+    requests_frame,
+    summarize,
+)
 from simsim.scenario import ScenarioError, parse_scenario, run_scenario
 from simsim.sweeps import (
     SweepFolderError,
@@ -88,8 +94,9 @@ def metric_names(**summarize_options: Any) -> list[str]:
 
 def scenario_metrics(**summarize_options: Any) -> list[str]:
     """The metrics a scenario's run reports: ``summarize``'s with the server's slots,
-    whose occupancy rows come after the others (issue 25, point 5)."""
-    return metric_names(slots=1, **summarize_options)
+    whose occupancy rows come after the others (issue 25, point 5), then the overload
+    rows (issue 26, point 6)."""
+    return [*metric_names(slots=1, **summarize_options), *OVERLOAD_METRICS]
 
 
 def with_settings(document: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from simsim.admission import QUEUE_FULL, RATE_LIMITED
 from simsim.cluster import Cluster, DisaggregatedCluster
+from simsim.overload import overload_check
 from simsim.request import RequestState
 from simsim.results import (
     batch_summary,
@@ -27,6 +28,21 @@ from simsim.scenario import (
 )
 from simsim.sweeps.sweep import SweepResult
 from simsim.wording import counted
+
+
+def overload_line(requests: pd.DataFrame) -> str | None:
+    """The line saying that the run was overloaded (:func:`simsim.overload.overload_check`
+    over the whole run), or ``None`` when it was not."""
+    verdict = overload_check(requests)
+    if not verdict.overloaded:
+        return None
+    return (
+        f"overloaded: the queue grew from {verdict.queue_start:,} to {verdict.queue_end:,} "
+        f"waiting requests while requests arrived; arrivals "
+        f"{verdict.arrival_rate_per_s:.2f}/s, completions {verdict.completion_rate_per_s:.2f}/s "
+        "- latencies are not steady-state"
+    )
+
 
 # Each latency row of the run table: its column, its label, whom it covers (the rows
 # where the value exists: one such request, several) and why it can be missing.
@@ -349,6 +365,10 @@ def sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
             shown[title] = [
                 "n/a" if pd.isna(value) else show(value) for value in points["point"].map(means)
             ]
+    overloaded = summary[summary["metric"] == "overloaded"].set_index("point")["mean"]
+    if len(overloaded) and (overloaded > 0).any():
+        # Shown only when some point was: the share of its runs that were overloaded.
+        shown["overloaded"] = [_share_overloaded(v) for v in points["point"].map(overloaded)]
     note = ""
     if (shown == "n/a").any().any():
         note = "\nn/a: no run of that point had the metric (no request produced a token, say)"
@@ -357,6 +377,15 @@ def sweep_report(result: SweepResult, capacity: pd.DataFrame | None) -> str:
         f"{counted(result.replications, 'replication')} "
         f"(means over replications):\n{shown.to_string()}{note}"
     )
+
+
+def _share_overloaded(share: float) -> str:
+    """The sweep report's ``overloaded`` cell for a point: yes, no, or the share of runs."""
+    if pd.isna(share):
+        return "n/a"
+    if share in (0.0, 1.0):
+        return "yes" if share else "no"
+    return f"{share:.0%} of runs"
 
 
 # The sweep report's metric columns: title and how a value is shown.

@@ -10,6 +10,7 @@ from simsim.cli.report import (
     batching_lines,
     class_lines,
     cluster_lines,
+    overload_line,
     summary_table,
 )
 from simsim.cli.shared import (
@@ -78,6 +79,9 @@ def execute(args: argparse.Namespace) -> int:
         options = ", ".join(f"{key} {value:g}" for key, value in scenario.scheduler_options)
         server.append(f"scheduler     {scenario.scheduler}{f' ({options})' if options else ''}")
     print(summary_table(summary, frames["requests"], server))
+    overload = overload_line(frames["requests"])
+    if overload is not None:
+        print(overload)
     classes = class_lines(frames["requests"], scenario.slo_targets())
     if classes:
         print("\n".join(classes))

@@ -137,6 +137,13 @@ class DisaggregatedCluster(Cluster):
                         f"{name}[{index}] is a {type(engine).__name__}; both pools of a "
                         "DisaggregatedCluster are BatchingEngine replicas"
                     )
+                if engine.first_token_at_prefill:
+                    raise ValueError(
+                        f"{name}[{index}] has first_token_at_prefill=True, which a "
+                        "DisaggregatedCluster does not support (a prefill replica hands "
+                        "over a request before its first token); build the replicas "
+                        "without it"
+                    )
         if not isinstance(transfer, KvTransferConfig):
             raise TypeError(f"transfer must be a KvTransferConfig, got {transfer!r}")
         replicas: tuple[EngineBase, ...] = self._check_replicas(

@@ -262,10 +262,12 @@ class BatchingEngine(EngineBase):
 
     ``BatchingEngine(backend, scheduler=None, *, max_active_requests,
     max_batch_tokens=None, policy="prefill_first", kv_cache=None, prefix_cache=False,
-    env=None, admission=None)``; ``prefix_cache=True`` (with a ``kv_cache``) shares the
-    KV blocks of common prefixes (``docs/batching.md``, "Prefix caching"); an
-    :class:`~simsim.AdmissionControl` as *admission* checks every arrival
-    (:mod:`simsim.admission`).
+    env=None, admission=None, first_token_at_prefill=False)``; ``prefix_cache=True``
+    (with a ``kv_cache``) shares the KV blocks of common prefixes (``docs/batching.md``,
+    "Prefix caching"); an :class:`~simsim.AdmissionControl` as *admission* checks every
+    arrival (:mod:`simsim.admission`); ``first_token_at_prefill=True`` samples each
+    request's first token in the iteration that ends its prefill, as vLLM and llama.cpp
+    do (``docs/batching.md``, "The first token at the end of the prefill").
     Same ``submit``, ``run_next_timestamp``, ``run``, ``cancel_request``,
     ``completion``, accessors, failure rules and frames as
     :class:`~simsim.SimulationEngine`, plus :attr:`iteration_log` and
@@ -284,10 +286,15 @@ class BatchingEngine(EngineBase):
         prefix_cache: bool = False,
         env: Environment | None = None,
         admission: AdmissionControl | None = None,
+        first_token_at_prefill: bool = False,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
         if type(prefix_cache) is not bool:
             raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
+        if type(first_token_at_prefill) is not bool:
+            raise TypeError(
+                f"first_token_at_prefill must be True or False, got {first_token_at_prefill!r}"
+            )
         if prefix_cache and kv_cache is None:
             raise ValueError(
                 "prefix_cache=True needs a kv_cache: the cache shares and keeps its KV blocks"
@@ -311,6 +318,10 @@ class BatchingEngine(EngineBase):
         self._max_batch_tokens = max_batch_tokens
         self._policy = rule
         self._kv_cache = kv_cache
+        self._first_token_at_prefill = first_token_at_prefill
+        # Records one participant may write at an iteration's end: a prefill or a token,
+        # then a completion; with the first token at the prefill, all three.
+        self._records_per_participant = 3 if first_token_at_prefill else 2
         self._free_blocks = 0 if kv_cache is None else kv_cache.total_blocks
         self._pool: PrefixCache | None = None
         if prefix_cache:
@@ -369,6 +380,12 @@ class BatchingEngine(EngineBase):
     def policy(self) -> str:
         """``"prefill_first"`` or ``"mixed"``."""
         return self._policy.name
+
+    @property
+    def first_token_at_prefill(self) -> bool:
+        """Whether the iteration that ends a request's prefill also gives its first token
+        (vLLM's and llama.cpp's lifecycle) rather than the next one (the default)."""
+        return self._first_token_at_prefill
 
     @property
     def kv_cache(self) -> KvCacheConfig | None:
@@ -549,6 +566,8 @@ class BatchingEngine(EngineBase):
             self._hand_off(request, now)
         else:
             request.transition_to(_DECODING, now)
+            if self._first_token_at_prefill:
+                self._decoded(slot, now)  # the prefill's last step samples a token
 
     def _decoded(self, slot: _Slot, now: int) -> None:
         request = slot.request
@@ -649,8 +668,7 @@ class BatchingEngine(EngineBase):
         if record is None:
             return  # every request in the batch waits for its KV cache
         event = _IterationEvent(self._env, self._on_iteration_end, record.end_us)
-        # At most two records per participant: a prefill or a token, then a completion.
-        first = self._env.reserve_sequences(2 * len(participants))
+        first = self._env.reserve_sequences(self._records_per_participant * len(participants))
         self._iteration = _Iteration(event, participants, record, first)
 
     def _reserve_decode_blocks(self, now: int) -> None:
@@ -761,6 +779,15 @@ class BatchingEngine(EngineBase):
         )
         if not participants:
             return participants, None
+        if self._first_token_at_prefill:
+            # A request whose prefill ends here also takes its first token here.
+            first_decoders = first_decoders + [
+                slot
+                for slot, chunk in participants
+                if chunk is not None
+                and slot.prefilled + chunk >= slot.target
+                and slot.request.generated_token_count < slot.request.max_output_tokens
+            ]
         duration = self._price(now, participants, prefill_tokens, prefilling, decoding)
         end = now + duration
         if end > MAX_TIME_US:
@@ -826,7 +853,8 @@ class BatchingEngine(EngineBase):
     def _check_output_fits(self, first_decoders: list[_Slot], end: int) -> None:
         """Refuse a request whose output limit must end past 2**63 - 1.
 
-        Checked when a request decodes for the first time since its admission, with
+        Checked when a request decodes for the first time since its admission (with
+        ``first_token_at_prefill``, also in the iteration that ends its prefill), with
         :attr:`_decode_floor_us`, the least any later iteration it decodes in can cost
         (so only with :class:`SimulatedBackend`'s own decode price). Without this a
         request with an absurd output limit would be stepped through one iteration at a

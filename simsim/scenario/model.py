@@ -130,13 +130,14 @@ Workload = OpenLoopWorkload | ClosedLoopWorkload | ClassMix
 @dataclass(frozen=True, slots=True)
 class BatchingSpec:
     """The ``[batching]``, ``[kv_cache]`` and ``[prefix_cache]`` tables: how the batching
-    server is set up."""
+    server is set up (``first_token_at_prefill``: ``[batching]``'s key of that name)."""
 
     max_active_requests: int
     max_batch_tokens: int | None = None
     policy: str = "prefill_first"
     kv_cache: KvCacheConfig | None = None
     prefix_cache: bool = False
+    first_token_at_prefill: bool = False
 
     def build(
         self,
@@ -156,6 +157,7 @@ class BatchingSpec:
             prefix_cache=self.prefix_cache,
             env=env,
             admission=admission,
+            first_token_at_prefill=self.first_token_at_prefill,
         )
 
 

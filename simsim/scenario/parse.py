@@ -80,7 +80,7 @@ _DEFAULT_ROUTERS = {
     "decode": "least_outstanding",
 }
 _PREFIX_CACHE_KEYS = ("enabled",)
-_BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy")
+_BATCHING_KEYS = ("max_active_requests", "max_batch_tokens", "policy", "first_token_at_prefill")
 _KV_CACHE_KEYS = ("block_size_tokens", "total_blocks")
 _SCENARIO_KEYS = ("name", "engine", "seed")
 _BACKEND_KEYS = tuple(SimulatedBackendConfig.__dataclass_fields__)
@@ -543,6 +543,9 @@ def _parse_batching(
         policy=check.choice(table, "policy", "batching", tuple(POLICIES), default="prefill_first"),
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
+        first_token_at_prefill=check.boolean(
+            table, "first_token_at_prefill", "batching", default=False
+        ),
     )
     _check_server(check, "batching", spec)
     return spec
@@ -574,6 +577,12 @@ def _parse_cluster(
             f"cluster.{parts[0]}",
             'disaggregated prefill and decode need engine = "batching" (a request moves '
             f'from a batching prefill replica to a batching decode one); the engine is "{engine}"',
+        )
+    if batching.first_token_at_prefill:
+        raise check.fail(
+            "batching.first_token_at_prefill",
+            "not supported with disaggregated prefill and decode (a prefill replica hands "
+            "a request over before its first token); leave it out or set it false",
         )
     for key in _ROUTER_KEYS:
         if key in table:

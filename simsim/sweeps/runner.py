@@ -21,7 +21,13 @@ from typing import Any
 
 import pandas as pd
 
-from simsim.results import DEFAULT_PERCENTILES, requests_frame, run_summary, summarize
+from simsim.results import (
+    DEFAULT_PERCENTILES,
+    OVERLOAD_METRICS,
+    requests_frame,
+    run_summary,
+    summarize,
+)
 from simsim.scenario import ScenarioError, parse_scenario, read_toml, run_scenario
 from simsim.sweeps.grid import SweepPoint, apply_settings, run_seed
 from simsim.sweeps.pool import WorkerPool
@@ -67,7 +73,8 @@ def metric_names(
     """The metrics :func:`simsim.summarize` reports with these settings, in order.
 
     *occupancy*: also the rows a server's slot count adds (``mean_queue_length``,
-    ``mean_active_requests``, ``utilization``), which every run of a scenario reports
+    ``mean_active_requests``, ``utilization``) and the overload rows
+    (:data:`simsim.results.OVERLOAD_METRICS`), which every run of a scenario reports
     (:func:`simsim.results.run_summary`); a model's runs report what its frame gives.
     """
     empty = summarize(
@@ -77,7 +84,7 @@ def metric_names(
         percentiles=percentiles,
         slots=1 if occupancy else None,
     )
-    return [str(name) for name in empty.index]
+    return [str(name) for name in empty.index] + (list(OVERLOAD_METRICS) if occupancy else [])
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,16 @@ _EPSILON = 1e-15
 # Words of a metric's name (split at "_") that say what it can be: a fraction is in
 # [0, 1]; a count, a duration in microseconds, a rate or a length is at least 0.
 _FRACTION_WORDS = frozenset(
-    {"attainment", "fraction", "hit", "share", "fairness", "utilisation", "utilization"}
+    {
+        "attainment",
+        "fraction",
+        "hit",
+        "share",
+        "fairness",
+        "utilisation",
+        "utilization",
+        "overloaded",
+    }
 )
 _NON_NEGATIVE_WORDS = frozenset(
     {
