@@ -1,0 +1,237 @@
+"""simsim.gpu.plan_capacity: the cheapest GPU type x tp x replicas within SLO targets.
+
+Predicted latencies depend on fitted coefficients, so no test asserts one from the
+shipped defaults: the hand-checkable cases pass their own coefficients (every step costs
+exactly 10 ms), and the others assert structure and cost arithmetic only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import simsim.gpu
+from simsim.gpu.deployment import Deployment
+from simsim.gpu.physics import PhysicsCoefficients
+from simsim.gpu.vllm import VllmConfig
+from simsim.sweeps import CapacityPlan, plan_capacity
+from simsim.sweeps.plan import VERDICTS, check_plan_targets
+from simsim.workloads import Fixed, FixedRateArrivals, OpenLoopWorkload
+
+SMALL = "Qwen/Qwen2.5-0.5B-Instruct"  # 14 heads, 2 KV heads: tp=4 cannot split it
+BIG = "meta-llama/Llama-3.1-70B-Instruct"
+
+# Every step costs 10 ms, whatever it computes; nothing else costs anything.
+TEN_MS_STEPS = PhysicsCoefficients(
+    memory_scale=0.0,
+    compute_scale=0.0,
+    allreduce_scale=0.0,
+    per_step_us=10_000.0,
+    per_layer_us=0.0,
+    per_sequence_us=0.0,
+    before_queue_us=0.0,
+    per_output_token_us=0.0,
+    at_completion_us=0.0,
+)
+# One request at a time per replica, so a request of 10 output tokens takes 10 steps
+# (its prefill gives the first token): 100 ms.
+ONE_SLOT = {"max_num_seqs": 1, "coefficients": TEN_MS_STEPS}
+
+
+def light(count: int = 30) -> OpenLoopWorkload:
+    return OpenLoopWorkload(FixedRateArrivals(5.0), Fixed(100), Fixed(10), count=count)
+
+
+def every_40_ms(count: int = 60) -> OpenLoopWorkload:
+    return OpenLoopWorkload(FixedRateArrivals(25.0), Fixed(16), Fixed(10), count=count)
+
+
+def plan_light(**kwargs: Any) -> CapacityPlan:
+    """A plan of the light workload; its default target every configuration meets."""
+    return plan_capacity(SMALL, light(), **{"targets": {"e2e_p99_ms": 60_000}, **kwargs})
+
+
+def plan_one_slot(**kwargs: Any) -> CapacityPlan:
+    """A plan of one-slot replicas at tp=1 behind a round robin, requests every 40 ms."""
+    settings = {"tp": [1], "router": "round_robin", "vllm": ONE_SLOT, "workers": 1}
+    return plan_capacity(SMALL, every_40_ms(), **{**settings, **kwargs})
+
+
+def test_every_pair_is_reported_and_the_cheapest_passing_one_is_chosen() -> None:
+    plan = plan_light(gpus=["H100", "L4"], tp=[1, 4, 2], max_replicas=4, workers=1)
+    configurations = plan.configurations
+    assert list(zip(configurations["gpu"], configurations["tp"], strict=True)) == [
+        ("H100-SXM", 1),
+        ("H100-SXM", 4),
+        ("H100-SXM", 2),
+        ("L4", 1),
+        ("L4", 4),
+        ("L4", 2),
+    ]
+    invalid = configurations[configurations["tp"] == 4]
+    assert set(invalid["status"]) == {"invalid tp"}
+    assert all("does not divide" in reason for reason in invalid["reason"])
+    table = plan.table
+    assert set(table["verdict"]) <= set(VERDICTS)
+    run = table[table["replicas"].notna()]
+    # Cost arithmetic: GPUs = replicas x tp, $/hour = GPUs x the GPU's price.
+    prices = {"H100-SXM": simsim.gpu.load_gpu("H100").price_per_hour, "L4": 0.80}
+    assert (run["gpus"] == run["replicas"] * run["tp"]).all()
+    for _, row in run.iterrows():
+        assert row["usd_per_hour"] == pytest.approx(row["gpus"] * prices[row["gpu"]])
+    # A generous target: one replica of every valid pair meets it, so the cheapest
+    # GPU at the smallest tp wins, after a single run per pair.
+    assert len(run) == 4 and set(run["verdict"]) == {"meets"}
+    assert plan.best is not None
+    assert (plan.best.gpu, plan.best.tp, plan.best.replicas) == ("L4", 1, 1)
+    assert plan.best.usd_per_hour == pytest.approx(0.80)
+    assert table["best"].sum() == 1
+    best_row = table[table["best"]].iloc[0]
+    assert (best_row["gpu"], best_row["tp"], best_row["replicas"]) == ("L4", 1, 1)
+    assert set(plan.best.metrics) >= {"ttft_p99_ms", "itl_p99_ms", "e2e_p99_ms", "overloaded"}
+
+
+def test_a_lower_price_changes_the_answer() -> None:
+    plan = plan_light(gpus=["L4", "H100"], tp=[1], prices={"h100": 0.10}, workers=1)
+    assert plan.best is not None
+    assert plan.best.gpu == "H100-SXM"
+    assert plan.best.usd_per_hour == pytest.approx(0.10)
+    assert plan.prices == {"L4": 0.80, "H100-SXM": 0.10}
+
+
+def test_bisection_finds_the_fewest_replicas_by_hand() -> None:
+    # Requests arrive every 40 ms and each takes 100 ms on a one-slot replica: round-robin
+    # over 3 replicas gives each one every 120 ms (no wait); over 2, one every 80 ms (the
+    # queue grows); 1 replica is overloaded.
+    plan = plan_one_slot(targets={"e2e_p99_ms": 150}, gpus=["H100"], max_replicas=8)
+    assert plan.best is not None
+    assert plan.best.replicas == 3
+    assert plan.best.metrics["e2e_p99_ms"] == pytest.approx(100.0)
+    table = plan.table.set_index("replicas")
+    # One replica, the most allowed, then bisection: 4, 2, 3.
+    assert sorted(table.index) == [1, 2, 3, 4, 8]
+    assert table.loc[1, "verdict"] == "overloaded"
+    assert table.loc[1, "reason"].startswith("overloaded: the queue grew")
+    assert table.loc[2, "verdict"] == "misses"
+    assert table.loc[2, "reason"].startswith("e2e_p99_ms ")
+    assert "% over" in table.loc[2, "reason"]
+    assert [table.loc[n, "verdict"] for n in (3, 4, 8)] == ["meets"] * 3
+    # More replicas never cost less per hour.
+    costs = [table.loc[n, "usd_per_hour"] for n in sorted(table.index)]
+    assert costs == sorted(costs)
+    assert plan.configurations.loc[0, "replicas"] == 3
+
+
+def test_too_few_replicas_at_most_says_which_target_missed() -> None:
+    targets = {"e2e_p99_ms": 150, "ttft_mean_ms": 50}
+    plan = plan_one_slot(targets=targets, gpus=["H100"], max_replicas=2)
+    assert plan.best is None
+    assert list(plan.table["replicas"]) == [1, 2]
+    row = plan.configurations.iloc[0]
+    assert row["status"] == "misses" and pd.isna(row["replicas"])
+    assert row["reason"].startswith("at 2 replicas (the most tried): e2e_p99_ms")
+
+
+def test_a_model_that_does_not_fit_is_never_run() -> None:
+    plan = plan_capacity(BIG, light(), targets={"ttft_p99_ms": 1000}, gpus=["L4"], tp=[1, 2])
+    assert plan.best is None
+    assert list(plan.table["verdict"]) == ["does not fit", "does not fit"]
+    assert plan.table["replicas"].isna().all()
+    assert all("short by" in reason for reason in plan.table["reason"])
+
+
+def test_a_request_longer_than_the_kv_cache_does_not_fit() -> None:
+    huge = OpenLoopWorkload(FixedRateArrivals(1.0), Fixed(5_000_000), Fixed(10), count=1)
+    plan = plan_capacity(SMALL, huge, targets={"ttft_p99_ms": 1000}, gpus=["L4"], tp=[1])
+    (reason,) = plan.table["reason"]
+    assert plan.table["verdict"].iloc[0] == "does not fit"
+    assert reason.startswith("the longest request (5,000,010 tokens) needs 312,501 KV blocks")
+
+
+def test_client_latencies_add_the_frontend_overheads() -> None:
+    coefficients = PhysicsCoefficients(
+        **{
+            **{name: getattr(TEN_MS_STEPS, name) for name in TEN_MS_STEPS.__dataclass_fields__},
+            "before_queue_us": 5_000.0,
+            "per_output_token_us": 1_000.0,
+            "at_completion_us": 2_000.0,
+        }
+    )
+    config = VllmConfig(SMALL, "H100", 1, max_num_seqs=1, coefficients=coefficients)
+    deployment = Deployment(config, 3, "round_robin")
+    assert deployment.gpus == 3
+    assert deployment.usd_per_hour(2.0) == 6.0
+    metrics = deployment.run(light(), seed=0).metrics()
+    # Prefill (with the first token) then 9 decode steps, 10 ms each, no waiting.
+    assert metrics["ttft_p50_ms"] == pytest.approx(10.0 + 5.0)
+    assert metrics["itl_p99_ms"] == pytest.approx(10.0 + 1.0)
+    assert metrics["e2e_p50_ms"] == pytest.approx(100.0 + 5.0 + 10 * 1.0 + 2.0)
+    assert metrics["itl_mean_ms"] == pytest.approx((117.0 - 15.0) / 9)
+    assert metrics["overloaded"] == 0.0 and metrics["requests"] == 30.0
+
+
+def test_a_pool_gives_the_same_plan() -> None:
+    kwargs = {"targets": {"e2e_p99_ms": 150}, "gpus": ["H100", "L4"], "max_replicas": 4}
+    here = plan_one_slot(**kwargs)
+    pooled = plan_one_slot(workers=2, **kwargs)
+    assert here.table.equals(pooled.table)
+    assert here.best is not None and pooled.best is not None
+    assert (here.best.gpu, here.best.replicas) == ("L4", 3)
+
+
+def test_simsim_gpu_names_the_planner() -> None:
+    assert simsim.gpu.plan_capacity is plan_capacity
+    with pytest.raises(AttributeError, match="no attribute 'plan'"):
+        simsim.gpu.plan  # noqa: B018
+
+
+def test_targets_are_checked() -> None:
+    targets, percentiles = check_plan_targets({"ttft_p95_ms": 2000, "itl_mean_ms": 50})
+    assert targets == {"ttft_p95_ms": 2000.0, "itl_mean_ms": 50.0}
+    assert 95.0 in percentiles
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"gpus": ["H10"]}, ValueError, r"unknown GPU 'H10' \(did you mean"),
+        ({"gpus": []}, ValueError, "gpus must name at least one GPU"),
+        ({"tp": []}, ValueError, "tp must list at least one tensor-parallel degree"),
+        ({"tp": [0]}, ValueError, "tp"),
+        ({"targets": {}}, ValueError, "targets must be a non-empty mapping"),
+        ({"targets": {"ttft_p99": 2000}}, ValueError, r"unknown metric 'ttft_p99' \(did you"),
+        ({"targets": {"ttft_p99_ms": -1}}, ValueError, r"targets\['ttft_p99_ms'\]"),
+        ({"targets": {"tpot_p99_ms": 5}}, ValueError, "latency ttft, itl or e2e"),
+        ({"prices": {"A100": 1.0}}, ValueError, "prices names 'A100', which is not among"),
+        ({"prices": {"H100": 0}}, ValueError, r"prices\['H100'\]"),
+        ({"max_replicas": 0}, ValueError, "max_replicas"),
+        ({"router": "least_outstandin"}, ValueError, "did you mean 'least_outstanding'"),
+        ({"workers": 2, "executor": object()}, ValueError, "either an executor or"),
+    ],
+)
+def test_bad_arguments_get_one_line(kwargs: dict[str, object], error: type, message: str) -> None:
+    arguments: dict[str, object] = {
+        "targets": {"ttft_p99_ms": 1000},
+        "gpus": ["H100"],
+        "tp": [1],
+        "workers": 1,
+        **kwargs,
+    }
+    if "executor" in kwargs:
+        arguments["workers"] = kwargs["workers"]
+    with pytest.raises(error, match=message) as raised:
+        plan_capacity(SMALL, light(1), **arguments)  # type: ignore[arg-type]
+    assert "\n" not in str(raised.value)
+
+
+def test_a_gpu_without_a_price_needs_one() -> None:
+    mine = simsim.gpu.GpuSpec.from_mapping(
+        "mine", {"bf16_tflops": 100, "hbm_tb_s": 1, "memory_gib": 48, "interconnect_gb_s": 32}
+    )
+    with pytest.raises(ValueError, match=r"GPU 'mine' has no price per GPU-hour.*prices="):
+        plan_capacity(SMALL, light(1), targets={"ttft_p99_ms": 1}, gpus=[mine], tp=[1])
+    plan = plan_light(gpus=[mine], tp=[1], prices={"mine": 1.5}, workers=1)
+    assert plan.best is not None and math.isclose(plan.best.usd_per_hour, 1.5)
