@@ -8,12 +8,15 @@ exactly 10 ms), and the others assert structure and cost arithmetic only.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
 import simsim.gpu
+from simsim.cli.app import main
 from simsim.gpu.deployment import Deployment
 from simsim.gpu.physics import PhysicsCoefficients
 from simsim.gpu.vllm import VllmConfig
@@ -114,10 +117,15 @@ def test_bisection_finds_the_fewest_replicas_by_hand() -> None:
     # One replica, the most allowed, then bisection: 4, 2, 3.
     assert sorted(table.index) == [1, 2, 3, 4, 8]
     assert table.loc[1, "verdict"] == "overloaded"
-    assert table.loc[1, "reason"].startswith("overloaded: the queue grew")
+    assert re.match(
+        r"overloaded: 25\.\d requests/s arrived, [\d.]+/s completed, "
+        r"the queue grew by \d+; e2e_p99 ",
+        table.loc[1, "reason"],
+    )
     assert table.loc[2, "verdict"] == "misses"
-    assert table.loc[2, "reason"].startswith("e2e_p99_ms ")
-    assert "% over" in table.loc[2, "reason"]
+    assert re.fullmatch(
+        r"e2e_p99 [\d,]+ ms > 150 ms \((\d+% over|[\d.]+x the limit)\)", table.loc[2, "reason"]
+    )
     assert [table.loc[n, "verdict"] for n in (3, 4, 8)] == ["meets"] * 3
     # More replicas never cost less per hour.
     costs = [table.loc[n, "usd_per_hour"] for n in sorted(table.index)]
@@ -132,7 +140,7 @@ def test_too_few_replicas_at_most_says_which_target_missed() -> None:
     assert list(plan.table["replicas"]) == [1, 2]
     row = plan.configurations.iloc[0]
     assert row["status"] == "misses" and pd.isna(row["replicas"])
-    assert row["reason"].startswith("at 2 replicas (the most tried): e2e_p99_ms")
+    assert row["reason"].startswith("at 2 replicas (the most tried): e2e_p99 ")
 
 
 def test_a_model_that_does_not_fit_is_never_run() -> None:
@@ -235,3 +243,101 @@ def test_a_gpu_without_a_price_needs_one() -> None:
         plan_capacity(SMALL, light(1), targets={"ttft_p99_ms": 1}, gpus=[mine], tp=[1])
     plan = plan_light(gpus=[mine], tp=[1], prices={"mine": 1.5}, workers=1)
     assert plan.best is not None and math.isclose(plan.best.usd_per_hour, 1.5)
+
+
+# ---------------------------------------------------------------- simsim plan
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+LIGHT_FLAGS = ("--model", SMALL, "--rate", "5", "--prompt", "100", "--output", "10")
+
+
+def test_simsim_plan_prints_the_table_and_the_answer_and_draws_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = cli(
+        capsys,
+        *LIGHT_FLAGS,
+        "--duration", "4",
+        "--gpus", "H100,L4",
+        "--tp", "1,4",
+        "--e2e-p99", "60s",
+        "--target", "ttft_mean=1min",
+        "--price", "L4=0.5",
+        "--workers", "1",
+        "--plot", str(tmp_path / "plan.png"),
+        "--table", str(tmp_path / "plan.csv"),
+    )  # fmt: skip
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "targets: e2e_p99 <= 60.0 s, ttft_mean <= 60.0 s"
+    assert lines[1].split()[:5] == ["gpu", "tp", "replicas", "GPUs", "$/hour"]
+    assert lines[1].split()[-2:] == ["verdict", "reason"]
+    assert "invalid tp  tp=4 does not divide" in out
+    assert "cheapest (*): 1 L4 GPU (1 replica at tp=1), $0.50/hour" in out
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    table = pd.read_csv(tmp_path / "plan.csv")
+    assert list(table["verdict"]) == ["meets", "invalid tp", "meets", "invalid tp"]
+    assert out.rstrip().endswith("not measured on hardware.")
+
+
+def test_simsim_plan_says_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(
+        capsys, "--model", BIG, "--rate", "1", "--prompt", "10", "--output", "10",
+        "--gpus", "L4", "--tp", "1", "--ttft-p99", "2s", "--max-replicas", "3",
+    )  # fmt: skip
+    assert code == 0
+    assert "does not fit" in out and "short by" in out
+    assert "no configuration met the targets with at most 3 replicas" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--gpus", "H10"), "unknown GPU 'H10' (did you mean"),
+        (("--tp", ""), "--tp: give a comma-separated list"),
+        (("--tp", "1,x"), "--tp: expected whole numbers, got 'x'"),
+        (("--ttft-p99", "fast"), "--ttft-p99: expected a time such as 2s or 100ms, got 'fast'"),
+        (("--ttft-p99", "0s"), "--ttft-p99: must be a time above zero"),
+        (("--target", "ttft_p99"), "--target: expected NAME=VALUE"),
+        (("--target", "tpot_p99=1s"), "unknown metric 'tpot_p99_ms'"),
+        (("--price", "A100=1"), "prices names 'A100', which is not among"),
+        (("--rate", "0"), "--rate: must be a number of requests per second > 0"),
+        (("--model", "meta-llama/Llama-9-1B"), "meta-llama/Llama-9-1B"),
+    ],
+)
+def test_simsim_plan_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], message: str
+) -> None:
+    argv = dict(zip(LIGHT_FLAGS[::2], LIGHT_FLAGS[1::2], strict=True))
+    argv |= {"--gpus": "H100", "--tp": "1", "--ttft-p99": "2s"}
+    argv |= dict(zip(flags[::2], flags[1::2], strict=True))
+    code, out, err = cli(capsys, *(item for pair in argv.items() for item in pair))
+    assert code == 2
+    assert out == ""
+    assert err.startswith("simsim: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_simsim_plan_needs_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, *LIGHT_FLAGS, "--gpus", "H100", "--tp", "1")
+    assert code == 2
+    assert "give at least one target, e.g. --ttft-p99 2s" in err
+
+
+def test_the_figure_has_one_column_per_pair_and_stars_the_answer() -> None:
+    from simsim import plots
+
+    plan = plan_light(gpus=["H100", "L4"], tp=[1, 4], workers=1)
+    figure = plots.draw_plan(plan.table)
+    (ax,) = figure.axes
+    labels = [tick.get_text() for tick in ax.get_xticklabels()]
+    assert labels == ["H100-SXM\ntp=1", "H100-SXM\ntp=4", "L4\ntp=1", "L4\ntp=4"]
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == ["meets", "invalid tp", "cheapest that meets the targets"]
+    plots.plt.close(figure)

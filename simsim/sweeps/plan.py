@@ -174,9 +174,15 @@ class _Probe:
 
 
 def _evaluate(probe: _Probe) -> tuple[dict[str, float], str]:
-    """Run one probe (in a worker): its metrics, and the overload verdict's reason."""
+    """Run one probe (in a worker): its metrics, and in words how it was overloaded."""
     run = probe.deployment.run(probe.workload, probe.seed)
-    return run.metrics(probe.percentiles), run.overload.reason
+    check = run.overload
+    how = (
+        f"{check.arrival_rate_per_s:,.1f} requests/s arrived, "
+        f"{check.completion_rate_per_s:,.1f}/s completed, "
+        f"the queue grew by {check.queue_growth:,.0f}"
+    )
+    return run.metrics(probe.percentiles), how
 
 
 class _Search:
@@ -395,7 +401,7 @@ def _judged(
             missed.append(f"{name} could not be measured")
         elif value > limit:
             missed.append(
-                f"{name} {value:,.4g} > {limit:,.4g} ({100 * (value / limit - 1):.0f}% over)"
+                f"{name.removesuffix('_ms')} {_ms(value)} > {_ms(limit)} ({_over(value, limit)})"
             )
     overloaded = bool(metrics["overloaded"])
     if overloaded:
@@ -415,6 +421,19 @@ def _judged(
         "verdict": verdict,
         "reason": "; ".join(reasons),
     }
+
+
+def _ms(value: float) -> str:
+    """Milliseconds for a reason: whole ones from 100 up, else one decimal."""
+    return f"{value:,.0f} ms" if value >= 100 else f"{value:,.1f} ms"
+
+
+def _over(value: float, limit: float) -> str:
+    """How far *value* passes *limit*: ``53% over``; from twice it, ``2.4x the limit``."""
+    ratio = value / limit
+    if ratio < 2:
+        return f"{100 * (ratio - 1):.0f}% over"
+    return f"{ratio:.1f}x the limit" if ratio < 10 else f"{ratio:,.0f}x the limit"
 
 
 def _plan(

@@ -1,0 +1,161 @@
+"""``simsim plan``: how many GPUs, of which type, at which tensor parallelism."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+from simsim.cli.parser import TARGET_FLAGS
+from simsim.cli.report import plan_report
+from simsim.cli.shared import ProgressBar, install
+from simsim.cli.sweep import executor_for
+from simsim.cli.usage import UsageError
+from simsim.sweeps.plan import CapacityPlan, plan_capacity
+from simsim.sweeps.signals import SweepStopped
+from simsim.workloads import Fixed, FixedRateArrivals, OpenLoopWorkload, PoissonArrivals
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(us|ms|s|min)?\s*$")
+_MS_PER_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "min": 60_000.0}
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Plan and print the table and the answer; returns the exit status."""
+    targets = _targets(args)
+    workload = _workload(args)
+    gpus = _list(args.gpus, "--gpus")
+    tp = [_int(value, "--tp") for value in _list(args.tp, "--tp")]
+    prices = dict(_pair(text, "--price") for text in args.price)
+    prices_usd = {gpu: _float(value, "--price") for gpu, value in prices.items()}
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers", f"must be >= 1, got {args.workers}")
+    if args.seed < 0:
+        raise UsageError("--seed", f"must be >= 0, got {args.seed}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print(
+            f"simsim: error: --plot needs matplotlib, which is not installed: {install('plot')}",
+            file=sys.stderr,
+        )
+        return 2
+    with contextlib.ExitStack() as stack:
+        executor = executor_for(args, stack)
+        if executor is False:
+            return 2
+        try:
+            plan = plan_capacity(
+                args.model,
+                workload,
+                targets=targets,
+                gpus=gpus,
+                tp=tp,
+                max_replicas=args.max_replicas,
+                prices=prices_usd,
+                router=args.router,
+                seed=args.seed,
+                executor=executor,
+                workers=args.workers,
+                progress=ProgressBar(sys.stderr, "plan"),
+            )
+        except KeyboardInterrupt as error:
+            status = error.exit_status if isinstance(error, SweepStopped) else 130
+            print(f"\nsimsim: {error or 'interrupted'}", file=sys.stderr)
+            return status
+        except (ValueError, TypeError) as error:
+            print(f"simsim: error: {error}", file=sys.stderr)
+            return 2
+    print(plan_report(plan))
+    _write(plan, args)
+    print("All times are simulated from the cost model, not measured on hardware.")
+    return 0
+
+
+def _write(plan: CapacityPlan, args: argparse.Namespace) -> None:
+    """The table as CSV and the figure, where the flags ask for them."""
+    if args.table:
+        plan.table.to_csv(args.table, index=False)
+        print(f"table: {args.table}")
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        from simsim import plots
+
+        figure = plots.draw_plan(plan.table)
+        figure.savefig(Path(args.plot), dpi=120)
+        plt.close(figure)
+        print(f"plot: {args.plot}")
+
+
+def _targets(args: argparse.Namespace) -> dict[str, float]:
+    targets: dict[str, float] = {}
+    for flag, metric in TARGET_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            targets[metric] = duration_ms(value, f"--{flag.replace('_', '-')}")
+    for text in args.target:
+        name, value = _pair(text, "--target")
+        metric = name if name.endswith("_ms") else f"{name}_ms"
+        targets[metric] = duration_ms(value, "--target")
+    if not targets:
+        raise UsageError(
+            "--ttft-p99/--itl-p99/--e2e-p99/--target",
+            "give at least one target, e.g. --ttft-p99 2s",
+        )
+    return targets
+
+
+def duration_ms(text: str, flag: str) -> float:
+    """*text* (``2s``, ``100ms``, ``1.5min``, ``250us``; a bare number is ms) in ms."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise UsageError(flag, f"expected a time such as 2s or 100ms, got {text!r}")
+    value = float(match.group(1)) * _MS_PER_UNIT[match.group(2) or "ms"]
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(flag, f"must be a time above zero, got {text!r}")
+    return value
+
+
+def _workload(args: argparse.Namespace) -> OpenLoopWorkload:
+    if not args.rate > 0 or not math.isfinite(args.rate):
+        raise UsageError("--rate", f"must be a number of requests per second > 0, got {args.rate}")
+    if not args.duration > 0 or not math.isfinite(args.duration):
+        raise UsageError("--duration", f"must be a number of seconds > 0, got {args.duration}")
+    for flag, value in (("--prompt", args.prompt), ("--output", args.output)):
+        if value < 0:
+            raise UsageError(flag, f"must be a number of tokens >= 0, got {value}")
+    count = max(1, round(args.rate * args.duration))
+    arrivals = (
+        PoissonArrivals(args.rate) if args.arrivals == "poisson" else FixedRateArrivals(args.rate)
+    )
+    return OpenLoopWorkload(arrivals, Fixed(args.prompt), Fixed(args.output), count=count)
+
+
+def _list(text: str, flag: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise UsageError(flag, f"give a comma-separated list, got {text!r}")
+    return items
+
+
+def _int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(flag, f"expected whole numbers, got {text!r}") from None
+
+
+def _float(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(flag, f"expected a number, got {text!r}") from None
+
+
+def _pair(text: str, flag: str) -> tuple[str, str]:
+    name, sign, value = text.partition("=")
+    if not sign or not name.strip() or not value.strip():
+        raise UsageError(flag, f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
