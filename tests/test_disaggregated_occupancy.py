@@ -133,7 +133,8 @@ def test_a_backed_up_decode_pool_prints_honest_occupancy_everywhere(
     requests = folder.requests()
     # summarize on the folder's table, with the pools' slots, is what simsim run wrote
     again = simsim.summarize(requests, slots=(8, 2), replicas=(2, 1))["value"]
-    pd.testing.assert_series_equal(again, summary, check_names=False)
+    overload = list(simsim.results.OVERLOAD_METRICS)  # run_summary's rows after summarize's
+    pd.testing.assert_series_equal(again, summary.drop(overload), check_names=False)
     for pool, slots in (("prefill_", 8), ("decode_", 2)):
         assert 0 <= summary[f"{pool}utilization"] <= 1
         # the figure's counts never pass the pool's slots, and their time averages

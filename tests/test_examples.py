@@ -70,7 +70,12 @@ def test_example_prints_its_golden_output(name: str, tmp_path: Path) -> None:
 
 
 #: Example files ``simsim run`` or ``simsim sweep`` prints a golden report for.
-CLI_EXAMPLES = ("scenarios/cluster", "scenarios/disaggregated", "sweeps/cluster_replicas")
+CLI_EXAMPLES = (
+    "scenarios/cluster",
+    "scenarios/disaggregated",
+    "scenarios/inference_perf",
+    "sweeps/cluster_replicas",
+)
 
 
 @pytest.mark.parametrize("example", CLI_EXAMPLES)

@@ -466,7 +466,8 @@ class Scenario:
 
 def _generating(workload: OpenLoopWorkload | ClassMix) -> str:
     """What generating *workload* makes, for an out-of-memory message."""
-    what = f"generating the workload's {counted(workload.count, 'request', grouped=True)}"
+    count = workload.count or 0  # an OpenLoopWorkload's count is an int once made
+    what = f"generating the workload's {counted(count, 'request', grouped=True)}"
     prefixes = workload.shared_prefixes if isinstance(workload, OpenLoopWorkload) else None
     if prefixes is not None:
         what += (

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from simsim.workloads import (
     PoissonArrivals,
     RequestClass,
     SharedPrefixes,
+    Stage,
+    StagedArrivals,
     Uniform,
     check_request_count,
 )
@@ -73,6 +76,25 @@ _OPEN_LOOP_KEYS = (
     "start_time_us",
     "shared_prefixes",
 )
+_SHARED_PREFIX_DATA_KEYS = (
+    "kind",
+    "data",
+    "count",
+    "arrivals",
+    "rate_per_s",
+    "num_unique_system_prompts",
+    "num_users_per_system_prompt",
+    "system_prompt_len",
+    "question_len",
+    "output_len",
+    "ignore_eos",
+    "enable_multi_turn_chat",
+    "patience_us",
+    "first_request_id",
+    "start_time_us",
+)
+"""``data = "shared_prefix"``: inference-perf's shared-prefix data, its keys named as
+inference-perf's configuration (and ``train.csv``) name them."""
 _CLASS_MIX_KEYS = ("kind", "classes", "total", "first_request_id", "start_time_us")
 METADATA_KEYS = ("tenant", "priority", "tags")
 """Request metadata keys a ``[[workload.classes]]`` table shares with ``[[requests]]``."""
@@ -107,7 +129,9 @@ _ARRIVAL_KEYS = {
     "poisson": ("process", "rate_per_s"),
     "gamma": ("process", "rate_per_s", "cv"),
     "fixed": ("process", "rate_per_s"),
+    "staged": ("process", "stages"),
 }
+_STAGE_KEYS = ("rate_per_s", "duration_s", "duration_us")
 _DISTRIBUTION_KEYS = {
     "fixed": ("distribution", "value"),
     "uniform": ("distribution", "low", "high"),
@@ -136,6 +160,8 @@ def parse_workload(
     try:
         if "classes" in table:
             return _parse_class_mix(check, table, base_dir)
+        if "data" in table:
+            return _parse_shared_prefix_data(check, table, base_dir, shared_cache)
         if kind == "closed_loop":
             check.keys(table, _CLOSED_LOOP_KEYS, where)
             users = _request_count(check, table, "users")
@@ -157,18 +183,12 @@ def parse_workload(
                 _check_ids(check, first, users * per_user)
             return closed
         check.keys(table, _OPEN_LOOP_KEYS, where)
-        count = _request_count(check, table, "count")
-        first = check.integer(table, "first_request_id", where, default=0)
-        _check_ids(check, first, count)
-        return OpenLoopWorkload(
-            arrivals=_parse_arrivals(check, table),
-            prompt_tokens=_parse_distribution(check, table, "prompt_tokens", base_dir),
-            output_tokens=_parse_distribution(check, table, "output_tokens", base_dir),
-            count=count,
-            patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
-            first_request_id=first,
-            start_us=check.time(table, "start_time_us", where, default=0),
-            shared_prefixes=_parse_shared_prefixes(check, table, shared_cache),
+        return _open_loop(
+            check,
+            table,
+            base_dir,
+            ("prompt_tokens", "output_tokens"),
+            lambda: _parse_shared_prefixes(check, table, shared_cache),
         )
     except ScenarioError:
         raise
@@ -176,6 +196,115 @@ def parse_workload(
         raise from_trace_error(error) from None
     except (TypeError, ValueError, OverflowError) as error:
         raise check.fail(where, str(error)) from None
+
+
+def _open_loop_count(check: TomlChecker, table: Mapping[str, Any], arrivals: ArrivalProcess) -> int:
+    """``count``: required, except with staged arrivals, whose stages make their own
+    count (a smaller ``count`` keeps the first requests)."""
+    if not isinstance(arrivals, StagedArrivals):
+        return _request_count(check, table, "count")
+    stages_count = arrivals.count
+    if "count" not in table:
+        if stages_count == 0:
+            raise check.fail(
+                "workload.arrivals.stages",
+                "make no request (rate x duration is below 1 in every stage)",
+            )
+        return limited(
+            check,
+            "workload.arrivals.stages",
+            "the stages' count",
+            lambda v: check_request_count(v, "the stages' count"),
+            stages_count,
+        )
+    count = _request_count(check, table, "count")
+    if count > stages_count:
+        raise check.fail(
+            "workload.count",
+            f"must be at most {stages_count}, the requests the stages make (rate x duration "
+            f"per stage), got {count} (leave count out to make them all)",
+        )
+    return count
+
+
+def _parse_shared_prefix_data(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    shared_cache: SharedCache | None,
+) -> OpenLoopWorkload:
+    """``data = "shared_prefix"``: inference-perf's shared-prefix data (see
+    :class:`~simsim.workloads.SharedPrefixes` with ``users_per_prefix``)."""
+    where = "workload"
+    check.choice(table, "data", where, ("shared_prefix",), "shared_prefix")
+    check.keys(table, _SHARED_PREFIX_DATA_KEYS, where)
+    if table.get("kind", "open_loop") != "open_loop":
+        raise check.fail(
+            "workload.kind",
+            f'data = "shared_prefix" is open-loop traffic; got kind = {table["kind"]!r} '
+            "(leave kind out)",
+        )
+    if shared_cache is None:
+        raise check.fail(
+            "workload.data",
+            _NEEDS_PREFIX_CACHE.format(what="requests share their system prompts' blocks"),
+        )
+    if not check.boolean(table, "ignore_eos", where, default=True):
+        raise check.fail(
+            "workload.ignore_eos",
+            "must be true: simsim generates exactly output_len tokens per request, as a "
+            "server does when it ignores the end-of-sequence token (for shorter answers, "
+            "give output_len a distribution)",
+        )
+    # Multi-turn chat changes the chat template, not the context: nothing to model.
+    check.boolean(table, "enable_multi_turn_chat", where, default=False)
+    prompts = check.integer(table, "num_unique_system_prompts", where, minimum=1)
+    users = check.integer(table, "num_users_per_system_prompt", where, minimum=1)
+    length = check.integer(table, "system_prompt_len", where)
+    if prompts * users > MAX_TIME_US:
+        raise check.fail(
+            "workload.num_users_per_system_prompt",
+            f"{prompts} x {users} users pass the 64-bit limit 2**63 - 1",
+        )
+    cache = shared_cache.kv_cache
+    shared = make(
+        check,
+        where,
+        SharedPrefixes,
+        [length] * prompts,
+        cache.block_size_tokens,
+        total_blocks=cache.total_blocks,
+        block_hashes=shared_cache.block_hashes,
+        users_per_prefix=users,
+    )
+    return _open_loop(check, table, base_dir, ("question_len", "output_len"), lambda: shared)
+
+
+def _open_loop(
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    size_keys: tuple[str, str],
+    shared_prefixes: Callable[[], SharedPrefixes | None],
+) -> OpenLoopWorkload:
+    """An open-loop workload whose prompt and output sizes are the distributions at
+    *size_keys*; *shared_prefixes* is read last (its errors come after the others')."""
+    where = "workload"
+    arrivals = _parse_arrivals(check, table)
+    count = _open_loop_count(check, table, arrivals)
+    first = check.integer(table, "first_request_id", where, default=0)
+    _check_ids(check, first, count)
+    prompt_key, output_key = size_keys
+    return OpenLoopWorkload(
+        arrivals=arrivals,
+        prompt_tokens=_parse_distribution(check, table, prompt_key, base_dir),
+        output_tokens=_parse_distribution(check, table, output_key, base_dir),
+        count=count,
+        patience=_parse_optional_distribution(check, table, "patience_us", base_dir),
+        first_request_id=first,
+        start_us=check.time(table, "start_time_us", where, default=0),
+        shared_prefixes=shared_prefixes(),
+    )
 
 
 def parse_metadata(check: TomlChecker, table: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -243,13 +372,20 @@ def _parse_class_mix(
         share = check.optional_number(row, "share", where)
         if share is not None and total is None:
             raise check.fail(f"{where}.share", "needs [workload] total (the count to share out)")
+        arrivals = _parse_arrivals(check, row, where)
+        if isinstance(arrivals, StagedArrivals):
+            raise check.fail(
+                f"{where}.arrivals",
+                'process = "staged" makes a [workload] of its own (its requests are tagged '
+                "by stage), not a class of a mix",
+            )
         classes.append(
             make(
                 check,
                 where,
                 RequestClass,
                 name,
-                _parse_arrivals(check, row, where),
+                arrivals,
                 _parse_distribution(check, row, "prompt_tokens", base_dir, where),
                 _parse_distribution(check, row, "output_tokens", base_dir, where),
                 count=count,
@@ -365,12 +501,55 @@ def _parse_arrivals(
         raise check.fail(at, "missing required key (or give rate_per_s)")
     process = check.choice(spec, "process", at, tuple(_ARRIVAL_KEYS), default="poisson")
     check.keys(spec, _ARRIVAL_KEYS[process], at)
+    if process == "staged":
+        return _parse_stages(check, spec, at)
     rate = check.number(spec, "rate_per_s", at)
     if process == "gamma":
         return make(check, at, GammaArrivals, rate, check.number(spec, "cv", at))
     if process == "fixed":
         return make(check, at, FixedRateArrivals, rate)
     return make(check, at, PoissonArrivals, rate)
+
+
+def _parse_stages(check: TomlChecker, spec: Mapping[str, Any], at: str) -> StagedArrivals:
+    """``{ process = "staged", stages = [{ rate_per_s = R, duration_s = D }, ...] }``."""
+    where = f"{at}.stages"
+    if "stages" not in spec:
+        raise check.fail(where, "missing required key (an array of { rate_per_s, duration_s })")
+    rows = spec["stages"]
+    if not isinstance(rows, list) or not rows:
+        raise check.fail(
+            where,
+            "must be a non-empty array of tables { rate_per_s = R, duration_s = D } "
+            f"(or duration_us), got {rows!r}",
+        )
+    stages: list[Stage] = []
+    for index, row in enumerate(rows):
+        here = f"{where}[{index}]"
+        if not isinstance(row, dict):
+            raise check.fail(
+                here, f"must be a table {{ rate_per_s = R, duration_s = D }}, got {row!r}"
+            )
+        check.keys(row, _STAGE_KEYS, here)
+        rate = check.number(row, "rate_per_s", here)
+        if ("duration_s" in row) == ("duration_us" in row):
+            raise check.fail(here, "give exactly one of duration_s and duration_us")
+        if "duration_us" in row:
+            duration_us = check.time(row, "duration_us", here)
+        else:
+            seconds = check.number(row, "duration_s", here)
+            # The decimal the file wrote, rounded once to the microsecond (ties to even).
+            micros = (Decimal(repr(row["duration_s"])) * 1_000_000).quantize(
+                Decimal(1), rounding=ROUND_HALF_EVEN
+            )
+            if not 0 < micros <= MAX_TIME_US:
+                raise check.fail(
+                    f"{here}.duration_s",
+                    f"must be at least 1 microsecond and at most 2**63 - 1 us, got {seconds!r}",
+                )
+            duration_us = int(micros)
+        stages.append(make(check, here, Stage, rate_per_s=rate, duration_us=duration_us))
+    return make(check, where, StagedArrivals, stages)
 
 
 def _parse_optional_distribution(

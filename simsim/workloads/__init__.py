@@ -9,7 +9,8 @@ patience distribution to a workload does not move a single arrival or token coun
 Three kinds of parts fit together:
 
 * **Arrival processes** (:class:`PoissonArrivals`, :class:`GammaArrivals`,
-  :class:`FixedRateArrivals`) give arrival times. Gaps are drawn as real numbers of
+  :class:`FixedRateArrivals`, and :class:`StagedArrivals`, stages of constant rate run
+  back to back) give arrival times. Gaps are drawn as real numbers of
   microseconds, summed, and each cumulative offset from the start is rounded once to the
   nearest microsecond, ties to even (``numpy.rint``), so rounding never accumulates.
 * **Length distributions** (:class:`Fixed`, :class:`Uniform`, :class:`LogNormal`,
@@ -22,7 +23,13 @@ Three kinds of parts fit together:
   with its own arrivals, sizes and metadata (class, tenant, priority, deadline, tags).
 """
 
-from simsim.workloads.arrivals import FixedRateArrivals, GammaArrivals, PoissonArrivals
+from simsim.workloads.arrivals import (
+    FixedRateArrivals,
+    GammaArrivals,
+    PoissonArrivals,
+    Stage,
+    StagedArrivals,
+)
 from simsim.workloads.base import (
     MAX_GENERATED_REQUESTS,
     ArrivalProcess,
@@ -61,6 +68,8 @@ __all__ = [
     "PoissonArrivals",
     "RequestClass",
     "SharedPrefixes",
+    "Stage",
+    "StagedArrivals",
     "Uniform",
     "WorkloadEngine",
     "check_request_count",

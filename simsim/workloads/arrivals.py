@@ -1,4 +1,5 @@
-"""Arrival processes: Poisson, gamma (bursty) and fixed-rate arrival times.
+"""Arrival processes: Poisson, gamma (bursty), fixed-rate and staged constant-rate arrival
+times.
 
 Gaps are drawn as real numbers of microseconds, summed, and each cumulative offset from the
 start is rounded once to the nearest microsecond, ties to even (``numpy.rint``), so
@@ -8,6 +9,7 @@ rounding never accumulates.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +23,7 @@ from simsim.workloads.base import (
     _set,
 )
 
-__all__ = ["FixedRateArrivals", "GammaArrivals", "PoissonArrivals"]
+__all__ = ["FixedRateArrivals", "GammaArrivals", "PoissonArrivals", "Stage", "StagedArrivals"]
 
 
 def _arrivals_from_offsets(offsets_us: npt.NDArray[np.float64], start_us: int) -> IntArray:
@@ -126,3 +128,145 @@ class FixedRateArrivals:
         start_us = check_time_us(start_us, "start_us")
         offsets = np.arange(1, count + 1, dtype=np.float64) * 1e6 / self.rate_per_s
         return _arrivals_from_offsets(offsets, start_us)
+
+
+_WHOLE_TOLERANCE = 1e-9
+"""A stage's ``rate * duration`` within this of an integer counts as that integer, so
+that ``0.3`` requests/s for 10 s make 3 requests although ``0.3`` is not exact in binary."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage of a :class:`StagedArrivals` load: ``rate_per_s`` for ``duration_us``."""
+
+    rate_per_s: float
+    """Requests per simulated second in this stage (> 0)."""
+    duration_us: int
+    """How long the stage lasts, in microseconds (>= 1)."""
+
+    def __post_init__(self) -> None:
+        _set(self, "rate_per_s", check_real(self.rate_per_s, "rate_per_s", positive=True))
+        duration = check_time_us(self.duration_us, "duration_us")
+        if duration < 1:
+            raise ValueError("duration_us must be >= 1 microsecond, got 0")
+        _set(self, "duration_us", duration)
+
+    @property
+    def request_count(self) -> int:
+        """How many requests the stage makes: ``rate_per_s * duration`` in seconds, rounded
+        down (a product within 1e-9 of an integer counts as that integer), as
+        inference-perf counts a stage's requests."""
+        return math.floor(self.rate_per_s * self.duration_us / 1e6 + _WHOLE_TOLERANCE)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedArrivals:
+    """A staged constant-rate load, inference-perf's ``constant`` load type: stages run
+    back to back, stage *k* at ``rate_per_s`` for ``duration_us``, evenly spaced.
+
+    Stage *k* starts at the end of the stage before it (the first at ``start_us``) and
+    makes :attr:`Stage.request_count` requests, its j-th (j = 1, 2, ...) at
+    ``stage start + j * 1e6 / rate_per_s``, rounded once to the nearest microsecond, ties
+    to even: the first one period after the stage starts, the last at its end when
+    ``rate * duration`` is whole. It uses no randomness. The process is finite: it makes
+    :attr:`count` requests, and asking for more is an error. ``stages`` takes
+    :class:`Stage` s or ``(rate_per_s, duration_us)`` pairs and is stored as a tuple of
+    :class:`Stage`.
+
+    inference-perf's own ``constant`` timer draws a stage's gaps at random (exponential,
+    rescaled to fill the stage exactly) and starts a stage only once every request of the
+    one before has finished; simsim keeps the even, back-to-back schedule the stages
+    describe (``docs/scenarios.md`` compares the two).
+    """
+
+    stages: Sequence[Stage | tuple[float, int]]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stages, str | bytes) or not isinstance(self.stages, Sequence):
+            raise TypeError(
+                "stages must be a sequence of Stage or (rate_per_s, duration_us) pairs, "
+                f"got {type(self.stages).__name__} {self.stages!r}"
+            )
+        stages: list[Stage] = []
+        for index, stage in enumerate(self.stages):
+            if isinstance(stage, Stage):
+                stages.append(stage)
+            elif isinstance(stage, tuple) and len(stage) == 2:
+                try:
+                    stages.append(Stage(*stage))
+                except (TypeError, ValueError) as error:
+                    raise type(error)(f"stages[{index}]: {error}") from None
+            else:
+                raise TypeError(
+                    f"stages[{index}] must be a Stage or a (rate_per_s, duration_us) pair, "
+                    f"got {stage!r}"
+                )
+        if not stages:
+            raise ValueError("stages must hold at least one stage, got none")
+        total_us = sum(stage.duration_us for stage in stages)
+        if total_us > MAX_TIME_US:
+            raise OverflowError(
+                f"the stages last {total_us} us in all, past the 64-bit limit 2**63 - 1"
+            )
+        _set(self, "stages", tuple(stages))
+
+    @property
+    def count(self) -> int:
+        """How many requests the stages make in all."""
+        return sum(stage.request_count for stage in self._stages())
+
+    def _stages(self) -> tuple[Stage, ...]:
+        return self.stages  # type: ignore[return-value]  # normalised in __post_init__
+
+    def stage_starts_us(self, start_us: int = 0) -> list[int]:
+        """When each stage starts, the first at *start_us*."""
+        start_us = check_time_us(start_us, "start_us")
+        starts = []
+        for stage in self._stages():
+            starts.append(start_us)
+            start_us += stage.duration_us
+        return starts
+
+    def stage_indices(self, count: int) -> list[int]:
+        """The stage of each of the first *count* requests (0 for the first stage)."""
+        return [index for index, _ in self._positions(count)]
+
+    def positions_in_stage(self, count: int) -> list[int]:
+        """Each of the first *count* requests' place in its own stage (0 for a stage's
+        first request)."""
+        return [position for _, position in self._positions(count)]
+
+    def _positions(self, count: int) -> list[tuple[int, int]]:
+        count = self._check_count(count)
+        pairs: list[tuple[int, int]] = []
+        for index, stage in enumerate(self._stages()):
+            take = min(stage.request_count, count - len(pairs))
+            pairs.extend((index, position) for position in range(take))
+        return pairs
+
+    def _check_count(self, count: int) -> int:
+        count = check_count(count, "count")
+        if count > self.count:
+            raise ValueError(
+                f"count must be at most {self.count}, the requests the stages make "
+                f"(rate x duration per stage), got {count}"
+            )
+        return count
+
+    def arrival_times_us(self, rng: np.random.Generator, count: int, start_us: int = 0) -> IntArray:
+        """The first *count* arrival times from *start_us* (``int64``, non-decreasing);
+        *rng* is unused. *count* may not pass :attr:`count`."""
+        count = self._check_count(count)
+        starts = self.stage_starts_us(start_us)
+        parts: list[IntArray] = []
+        left = count
+        for stage, stage_start in zip(self._stages(), starts, strict=True):
+            take = min(stage.request_count, left)
+            if take == 0:
+                continue
+            offsets = np.arange(1, take + 1, dtype=np.float64) * 1e6 / stage.rate_per_s
+            parts.append(_arrivals_from_offsets(offsets, stage_start))
+            left -= take
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate(parts)
