@@ -341,3 +341,15 @@ def test_the_figure_has_one_column_per_pair_and_stars_the_answer() -> None:
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend == ["meets", "invalid tp", "cheapest that meets the targets"]
     plots.plt.close(figure)
+
+
+def test_the_answer_runs_again_as_planned() -> None:
+    plan = plan_one_slot(targets={"e2e_p99_ms": 150}, gpus=["H100"], max_replicas=4, seed=3)
+    assert (plan.router, plan.seed, plan.max_replicas) == ("round_robin", 3, 4)
+    assert plan.best is not None
+    price = 3 * simsim.gpu.load_gpu("H100").price_per_hour
+    assert str(plan.best) == f"3 H100-SXM GPUs (3 replicas at tp=1), ${price:,.2f}/hour"
+    deployment = plan.best.deployment()
+    assert (deployment.replicas, deployment.router, deployment.gpus) == (3, "round_robin", 3)
+    again = deployment.run(every_40_ms(), seed=3).metrics()
+    assert again["e2e_p99_ms"] == plan.best.metrics["e2e_p99_ms"]

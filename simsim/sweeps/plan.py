@@ -24,7 +24,7 @@ import concurrent.futures
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -40,6 +40,7 @@ from simsim.results import DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.capacity import is_percentile
 from simsim.sweeps.pool import WorkerPool
 from simsim.sweeps.signals import StopOnSignals
+from simsim.wording import counted
 from simsim.workloads import check_seed
 
 __all__ = [
@@ -110,12 +111,13 @@ class PlannedDeployment:
     """The plan's answer: the cheapest configuration that met every target.
 
     ``config`` is the vLLM server (its model, GPU and tp), ``replicas`` how many run behind
-    the router; ``gpus`` = replicas x tp and ``usd_per_hour`` = gpus x the GPU-hour price
-    used. ``metrics`` are its run's client latencies (ms) and overload flag.
+    the router named ``router``; ``gpus`` = replicas x tp and ``usd_per_hour`` = gpus x the
+    GPU-hour price used. ``metrics`` are its run's client latencies (ms) and overload flag.
     """
 
     config: VllmConfig
     replicas: int
+    router: str
     gpus: int
     usd_per_hour: float
     metrics: Mapping[str, float]
@@ -130,13 +132,13 @@ class PlannedDeployment:
         """GPUs per replica."""
         return self.config.tp
 
-    def deployment(self, router: str = "least_outstanding") -> Deployment:
+    def deployment(self) -> Deployment:
         """This configuration as a :class:`~simsim.gpu.deployment.Deployment` to run."""
-        return Deployment(self.config, self.replicas, router)
+        return Deployment(self.config, self.replicas, self.router)
 
     def __str__(self) -> str:
-        gpus = f"{self.gpus} {self.gpu} GPU{'s' if self.gpus != 1 else ''}"
-        replicas = f"{self.replicas} replica{'s' if self.replicas != 1 else ''}"
+        gpus = counted(self.gpus, f"{self.gpu} GPU")
+        replicas = counted(self.replicas, "replica")
         return f"{gpus} ({replicas} at tp={self.tp}), ${self.usd_per_hour:,.2f}/hour"
 
 
@@ -152,7 +154,8 @@ class CapacityPlan:
     overloaded or does not fit) and ``best`` (the answer's row). ``configurations`` has one
     row per (GPU, tp) pair: the fewest replicas that met the targets (``<NA>`` if none),
     their GPUs and $/hour, ``status`` (``meets``, ``misses``, ``does not fit``, ``invalid
-    tp``) and ``reason``.
+    tp``) and ``reason``. ``targets``, ``max_replicas``, ``prices`` (USD per GPU-hour, by
+    GPU), ``router`` and ``seed`` are what the plan was made with.
     """
 
     best: PlannedDeployment | None
@@ -160,7 +163,18 @@ class CapacityPlan:
     configurations: pd.DataFrame
     targets: Mapping[str, float]
     max_replicas: int
-    prices: Mapping[str, float] = field(default_factory=dict)
+    prices: Mapping[str, float]
+    router: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What the searches found: the answer and the two tables."""
+
+    best: PlannedDeployment | None
+    table: pd.DataFrame
+    configurations: pd.DataFrame
 
 
 @dataclass(frozen=True)
@@ -305,7 +319,17 @@ def plan_capacity(
                 done += 1
                 if progress is not None:
                     progress(done, max(total, done))
-    return _plan(fixed_rows, searches, checked_targets, max_replicas, price_of, probes)
+    plan = _plan(fixed_rows, searches, router, probes)
+    return CapacityPlan(
+        plan.best,
+        plan.table,
+        plan.configurations,
+        checked_targets,
+        max_replicas,
+        price_of,
+        router,
+        seed,
+    )
 
 
 def _check_gpus(gpus: object) -> list[GpuSpec]:
@@ -439,11 +463,9 @@ def _over(value: float, limit: float) -> str:
 def _plan(
     fixed_rows: list[tuple[int, dict[str, Any]]],
     searches: list[tuple[int, _Search]],
-    targets: Mapping[str, float],
-    max_replicas: int,
-    prices: Mapping[str, float],
+    router: str,
     percentiles: Sequence[float],
-) -> CapacityPlan:
+) -> _Found:
     """Gather the rows, pick the cheapest passing configuration, build the tables."""
     best: tuple[float, int, int, _Search] | None = None
     per_pair: list[tuple[int, dict[str, Any]]] = []
@@ -452,12 +474,13 @@ def _plan(
         summary: dict[str, Any]
         if fewest is None:
             top = search.rows[max(search.rows)]
+            most = counted(search.max_replicas, "replica")
             summary = {
                 "replicas": None,
                 "gpus": None,
                 "usd_per_hour": None,
                 "status": "misses",
-                "reason": f"at {max_replicas} replicas (the most tried): {top['reason']}",
+                "reason": f"at {most} (the most tried): {top['reason']}",
             }
         else:
             row = search.rows[fewest]
@@ -501,11 +524,12 @@ def _plan(
         planned = PlannedDeployment(
             search.config,
             search.meeting,
+            router,
             row["gpus"],
             row["usd_per_hour"],
             {name: row[name] for name in metric_names(percentiles)},
         )
-    return CapacityPlan(planned, table, configurations, dict(targets), max_replicas, dict(prices))
+    return _Found(planned, table, configurations)
 
 
 def _first(item: tuple[int, dict[str, Any]]) -> int:
