@@ -353,3 +353,17 @@ def test_the_answer_runs_again_as_planned() -> None:
     assert (deployment.replicas, deployment.router, deployment.gpus) == (3, "round_robin", 3)
     again = deployment.run(every_40_ms(), seed=3).metrics()
     assert again["e2e_p99_ms"] == plan.best.metrics["e2e_p99_ms"]
+
+
+def test_progress_counts_every_run_and_ends_complete() -> None:
+    calls: list[tuple[int, int]] = []
+    plan = plan_one_slot(
+        targets={"e2e_p99_ms": 150},
+        gpus=["H100"],
+        max_replicas=8,
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    runs = len(plan.table)
+    assert calls[-1] == (runs, runs)
+    assert all(done < total for done, total in calls[:-1])  # open-ended until the end
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)

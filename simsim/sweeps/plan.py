@@ -4,15 +4,14 @@
 model, or whose GPUs cannot hold the model (or one request's KV cache), is reported as
 such and never run. For the others it finds the fewest replicas that meet every target:
 one replica first, then ``max_replicas`` if one missed, then bisection between them,
-assuming that more replicas never make a target
-worse (the same requests spread over more servers). Each probed count is one seeded
-run of :class:`~simsim.gpu.deployment.Deployment` serving the workload; every
-configuration serves the same requests (the same seed), so they compare on equal
-terms. A run *meets* the targets when it is not overloaded
-(:func:`simsim.overload.overload_check`) and every target metric is at or below its
-limit. The answer is the passing configuration with the lowest $/hour (GPUs x the
-GPU's price per GPU-hour); ties go to fewer GPUs, then to the earlier GPU and tp in
-the lists given.
+assuming that more replicas never make a target worse (the same requests spread over
+more servers). Each probed count is one seeded run of
+:class:`~simsim.gpu.deployment.Deployment` serving the workload; every configuration
+serves the same requests (the same seed), so they compare on equal terms. A run *meets*
+the targets when it is not overloaded (:func:`simsim.overload.overload_check`) and
+every target metric is at or below its limit. The answer is the passing configuration
+with the lowest $/hour (GPUs x the GPU's price per GPU-hour); ties go to fewer GPUs,
+then to the earlier GPU and tp in the lists given.
 
 The probes of all pairs run round by round on one executor (a process pool, Dask...),
 so a round's runs go in parallel.
@@ -301,15 +300,16 @@ def plan_capacity(
         searches.append((order, _Search(config, price, max_replicas)))
 
     probes = tuple(float(q) for q in percentiles)
+    report = progress or (lambda done, total: None)
     with _Executor(executor, workers) as run_all:
         done = 0
         while True:
             wanted = [(search, count) for _, search in searches for count in search.next_counts()]
             if not wanted:
                 break
-            total = done + len(wanted)  # open-ended: a round at a time
-            if progress is not None:
-                progress(done, total)
+            # Open-ended: a round's runs are known, the rounds after it are not.
+            total = done + len(wanted) + 1
+            report(done, total)
             tasks = [
                 _Probe(Deployment(search.config, count, router), workload, seed, probes)
                 for search, count in wanted
@@ -317,8 +317,8 @@ def plan_capacity(
             for (search, count), (metrics, why) in zip(wanted, run_all(tasks), strict=True):
                 search.record(count, _judged(search, count, metrics, why, checked_targets))
                 done += 1
-                if progress is not None:
-                    progress(done, max(total, done))
+                report(done, total)
+        report(done, done)
     plan = _plan(fixed_rows, searches, router, probes)
     return CapacityPlan(
         plan.best,
