@@ -367,3 +367,22 @@ def test_progress_counts_every_run_and_ends_complete() -> None:
     assert calls[-1] == (runs, runs)
     assert all(done < total for done, total in calls[:-1])  # open-ended until the end
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_a_vllm_config_is_a_template_for_every_configuration() -> None:
+    template = VllmConfig(SMALL, "L4", 1, max_num_seqs=1, coefficients=TEN_MS_STEPS)
+    plan = plan_capacity(
+        template,
+        every_40_ms(),
+        targets={"e2e_p99_ms": 150},
+        gpus=["H100"],
+        tp=[1],
+        max_replicas=4,
+        router="round_robin",
+        workers=1,
+    )
+    # The template's one slot and 10 ms steps, on the plan's GPU: 3 replicas, as by hand.
+    assert plan.best is not None
+    assert (plan.best.gpu, plan.best.replicas) == ("H100-SXM", 3)
+    assert plan.best.config.max_num_seqs == 1
+    assert plan.best.config.coefficients == TEN_MS_STEPS

@@ -23,7 +23,7 @@ import concurrent.futures
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pandas as pd
@@ -229,7 +229,7 @@ class _Search:
 
 
 def plan_capacity(
-    model: ModelSpec | str,
+    model: ModelSpec | VllmConfig | str,
     workload: Workload,
     *,
     targets: Mapping[str, float],
@@ -247,20 +247,22 @@ def plan_capacity(
     """The cheapest GPU type x tp x replicas that serves *workload* within *targets*.
 
     *model* is a :class:`~simsim.gpu.models.ModelSpec` or what
-    :func:`~simsim.gpu.models.load_model` takes; *workload* anything with
-    ``generate(seed)`` (:class:`~simsim.workloads.OpenLoopWorkload`...), served whole
-    in every run. *targets* maps client metrics to limits in ms
-    (:func:`check_plan_targets`: ``ttft_p99_ms``, ``itl_p99_ms``, ``e2e_p90_ms``...).
-    *gpus* are preset names or :class:`~simsim.gpu.gpus.GpuSpec` s, *tp* the tensor-
-    parallel degrees to try, *max_replicas* the most replicas of one pair. *prices*
-    overrides a GPU's ``price_per_hour`` (USD per GPU-hour) by name. *router* names the
-    router in front of the replicas; *vllm* holds :class:`~simsim.gpu.vllm.VllmConfig`'s
-    keyword settings (``max_num_seqs``, ``gpu_mem_util``, ``coefficients``...). *seed*
-    draws the workload (and seeds a random router). *executor*, *workers* and *progress*
-    work as in :func:`simsim.sweep` (default: a process pool of one worker per CPU;
-    ``workers=1`` runs here). See the module docs for the search and the verdicts.
+    :func:`~simsim.gpu.models.load_model` takes, or a :class:`~simsim.gpu.vllm.VllmConfig`
+    whose model and settings (all but its GPU and tp) every configuration keeps.
+    *workload* is anything with ``generate(seed)``
+    (:class:`~simsim.workloads.OpenLoopWorkload`...), served whole in every run.
+    *targets* maps client metrics to limits in ms (:func:`check_plan_targets`:
+    ``ttft_p99_ms``, ``itl_p99_ms``, ``e2e_p90_ms``...). *gpus* are preset names or
+    :class:`~simsim.gpu.gpus.GpuSpec` s, *tp* the tensor-parallel degrees to try,
+    *max_replicas* the most replicas of one pair. *prices* overrides a GPU's
+    ``price_per_hour`` (USD per GPU-hour) by name. *router* names the router in front of
+    the replicas; *vllm* holds :class:`~simsim.gpu.vllm.VllmConfig`'s keyword settings
+    (``max_num_seqs``, ``gpu_mem_util``, ``coefficients``...). *seed* draws the workload
+    (and seeds a random router). *executor*, *workers* and *progress* work as in
+    :func:`simsim.sweep` (default: a process pool of one worker per CPU; ``workers=1``
+    runs here). See the module docs for the search and the verdicts.
     """
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    spec, settings = _model_and_settings(model, vllm)
     checked_targets, percentiles = check_plan_targets(targets)
     chips = _check_gpus(gpus)
     degrees = _check_tp(tp)
@@ -269,7 +271,6 @@ def plan_capacity(
         raise ValueError(f"max_replicas must be at most {MAX_PLAN_REPLICAS}, got {max_replicas}")
     price_of = _prices(chips, prices)
     ROUTERS.check(router)
-    settings = dict(vllm or {})
     seed = check_seed(seed)
     if not callable(getattr(workload, "generate", None)):
         raise TypeError(
@@ -330,6 +331,19 @@ def plan_capacity(
         router,
         seed,
     )
+
+
+def _model_and_settings(
+    model: ModelSpec | VllmConfig | str, vllm: Mapping[str, Any] | None
+) -> tuple[ModelSpec, dict[str, Any]]:
+    """The model, and the keyword settings every configuration's VllmConfig gets: a
+    template config's (all but model, GPU and tp), then *vllm*'s."""
+    if isinstance(model, VllmConfig):
+        kept = {f.name: getattr(model, f.name) for f in fields(model)}
+        for name in ("model", "gpu", "tp"):
+            del kept[name]
+        return model.model, {**kept, **(vllm or {})}
+    return (model if isinstance(model, ModelSpec) else load_model(model)), dict(vllm or {})
 
 
 def _check_gpus(gpus: object) -> list[GpuSpec]:
