@@ -35,6 +35,9 @@ from simsim.errors import (
     StaleEventError,
     UnknownRequestError,
 )
+from simsim.gpu import GpuSpec, ModelSpec, load_gpu, load_model
+from simsim.gpu.physics import PhysicsBackend, PhysicsCoefficients
+from simsim.gpu.vllm import VllmConfig, vllm_server
 from simsim.records import AdmissionRecord, EventRecord, EventType, IterationRecord
 from simsim.request import Request, RequestSpec, RequestState
 from simsim.results import summarize
@@ -65,11 +68,15 @@ __all__ = [
     "FcfsScheduler",
     "FittedBackend",
     "FittedBackendConfig",
+    "GpuSpec",
     "InvalidTransitionError",
     "IterationRecord",
     "KvCacheConfig",
     "KvTransferConfig",
     "Limit",
+    "ModelSpec",
+    "PhysicsBackend",
+    "PhysicsCoefficients",
     "QueuedRequest",
     "Request",
     "RequestSpec",
@@ -87,9 +94,12 @@ __all__ = [
     "StepCostBackend",
     "SweepResult",
     "UnknownRequestError",
+    "VllmConfig",
     "__version__",
     "capacity_search",
     "cluster",
+    "load_gpu",
+    "load_model",
     "ms_to_us",
     "register_backend",
     "register_router",
@@ -100,6 +110,7 @@ __all__ = [
     "sweep",
     "sweeps",
     "traces",
+    "vllm_server",
     "workloads",
 ]
 
@@ -116,7 +127,7 @@ def __getattr__(name: str) -> ModuleType:
 
 # Public modules the guides use as simsim.<name> beyond __all__'s (which `import *` keeps
 # as it was); simsim.live is left out: it needs the serve extra to import.
-_DOCUMENTED_MODULES = ("admission", "results", "scenario", "schedulers")
+_DOCUMENTED_MODULES = ("admission", "gpu", "results", "scenario", "schedulers")
 
 
 def __dir__() -> list[str]:

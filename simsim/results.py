@@ -36,6 +36,7 @@ from simsim.request import Request, RequestState
 
 __all__ = [
     "CLASS_KEYS",
+    "CLIENT_COLUMNS",
     "DEFAULT_PERCENTILES",
     "NO_CLASS",
     "OVERLOAD_METRICS",
@@ -104,6 +105,10 @@ _DECODE_QUEUE_DELAY = "decode_queue_delay_us"
 """The column of a disaggregated cluster's frame that holds each request's wait for
 admission on its decode replica (decode admission - hand-off); :func:`summarize` gives
 its statistics after ``queue_delay_us``'s."""
+CLIENT_COLUMNS: Final = ("client_ttft_us", "client_e2e_us")
+"""Latencies as a client sees them, beyond the engine's: the columns
+:meth:`simsim.scenario.Scenario.requests_frame` appends for a vLLM server (its frontend's
+overheads added). :func:`summarize` reports the statistics of those a frame has."""
 OVERLOAD_METRICS: Final = (
     "overloaded",
     "arrival_rate_requests_per_s",
@@ -221,9 +226,11 @@ def summarize(
     arrival to last finish); ``throughput_requests_per_s`` and
     ``throughput_tokens_per_s`` (finished requests and generated tokens per simulated
     second of makespan); then ``<column>_mean``, ``_p50``, ``_p90`` and ``_p99`` for
-    ``queue_delay_us``, ``ttft_us``, ``e2e_latency_us`` and ``tpot_us`` over the rows
-    where the value exists. Percentiles use linear interpolation (pandas' default);
-    *percentiles* (numbers strictly between 0 and 100) chooses others, each named by
+    ``queue_delay_us``, ``ttft_us``, ``e2e_latency_us`` and ``tpot_us`` (and, in a frame
+    that has them, :data:`CLIENT_COLUMNS`: a vLLM server's latencies as its clients see
+    them) over the rows where the value exists. Percentiles use linear interpolation
+    (pandas' default); *percentiles* (numbers strictly between 0 and 100) chooses others,
+    each named by
     :func:`percentile_label` (``99.9`` gives ``ttft_us_p99.9``).
 
     With ``ttft_slo_us`` and/or ``tpot_slo_us``, also ``slo_attainment`` (the fraction
@@ -369,6 +376,7 @@ def _request_metrics(
     latencies: tuple[str, ...] = _LATENCY_COLUMNS
     if _DECODE_QUEUE_DELAY in selected.columns:  # a disaggregated cluster's second queue
         latencies = (latencies[0], _DECODE_QUEUE_DELAY, *latencies[1:])
+    latencies += tuple(column for column in CLIENT_COLUMNS if column in selected.columns)
     for column in latencies:
         values = selected[column].dropna().astype("float64")
         metrics[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
@@ -1227,7 +1235,9 @@ def run_summary(
     return summary
 
 
-def run_tables(server: RecordedServer) -> dict[str, pd.DataFrame]:
+def run_tables(
+    server: RecordedServer, *, requests: pd.DataFrame | None = None
+) -> dict[str, pd.DataFrame]:
     """The tables of *server*'s run, as a results folder holds them, the summary included.
 
     Keys, in order: ``requests``, ``events``, ``admissions``, then ``iterations`` when a
@@ -1237,10 +1247,12 @@ def run_tables(server: RecordedServer) -> dict[str, pd.DataFrame]:
 
     A cluster's tables are its merged frames (a ``replica`` column in each). This is
     what ``simsim run`` and ``simsim serve --record`` write; each run of a sweep or a
-    capacity search summarises with :func:`run_summary` too.
+    capacity search summarises with :func:`run_summary` too. *requests* is the server's
+    :meth:`requests_frame` when already made (a vLLM scenario's, with
+    :data:`CLIENT_COLUMNS` appended: :meth:`simsim.scenario.Scenario.requests_frame`).
     """
     frames = {
-        "requests": server.requests_frame(),
+        "requests": server.requests_frame() if requests is None else requests,
         "events": server.events_frame(),
         "admissions": server.admissions_frame(),
     }

@@ -44,6 +44,10 @@ def test_a_kind_without_a_stand_in_lists_the_kinds_that_can() -> None:
     try:
         message = cannot("lone_fast", "streams_tokens")
         assert message is not None
+        assert message.endswith('use engine = "single_slot" or "batching" or "vllm"')
+        # vllm prices its own steps: it is no home for a fitted backend.
+        message = cannot("lone_fast", "prices_context")
+        assert message is not None
         assert message.endswith('use engine = "single_slot" or "batching"')
     finally:
         del ENGINE_KINDS["lone_fast"]
@@ -92,7 +96,10 @@ def test_serving_and_calibration_ask_the_kinds() -> None:
     from simsim.live.driver import LiveDriver
     from simsim.live.server import serving_engine
 
-    assert tuple(name for name, kind in ENGINE_KINDS.items() if kind.prices_context) == ENGINES
+    able = tuple(
+        name for name, kind in ENGINE_KINDS.items() if kind.prices_context and kind.takes_backend
+    )
+    assert able == ENGINES == ("single_slot", "batching")  # vllm prices itself
     scenario = parse_scenario(
         {"scenario": {"engine": "single_slot_fast"}, "backend": {"decode_base_us": 1}},
         require_requests=False,

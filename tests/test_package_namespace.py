@@ -14,7 +14,7 @@ def test_dir_lists_the_public_api_and_lazy_imports_still_work() -> None:
     dunders = {name for name in names if name.startswith("__") and name.endswith("__")}
     # The public API and the modules the guides use as simsim.<name> (a new user's trial
     # found simsim.schedulers and simsim.results missing from the listing).
-    documented = {"admission", "results", "scenario", "schedulers"}
+    documented = {"admission", "gpu", "results", "scenario", "schedulers"}
     assert names - dunders == (set(simsim.__all__) | documented) - dunders
     assert all(isinstance(getattr(simsim, name), types.ModuleType) for name in documented)
     assert {"__version__", "__doc__", "__name__"} <= names

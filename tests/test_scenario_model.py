@@ -54,7 +54,8 @@ def test_a_sweep_run_draws_its_workload_once(draws: list[int]) -> None:
 
 
 def test_engine_names_come_from_the_registry() -> None:
-    assert tuple(ENGINE_BUILDERS) == ENGINES == ("single_slot", "single_slot_fast", "batching")
+    assert tuple(ENGINE_BUILDERS) == ENGINES
+    assert ENGINES == ("single_slot", "single_slot_fast", "batching", "vllm")
     kinds = {
         "single_slot": simsim.SimulationEngine,
         "single_slot_fast": simsim.FastSimulationEngine,

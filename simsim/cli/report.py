@@ -12,9 +12,12 @@ import pandas as pd
 
 from simsim.admission import QUEUE_FULL, RATE_LIMITED
 from simsim.cluster import Cluster, DisaggregatedCluster
+from simsim.gpu.physics import FrontendOverheads
+from simsim.gpu.vllm import VllmConfig
 from simsim.overload import overload_check
 from simsim.request import RequestState
 from simsim.results import (
+    CLIENT_COLUMNS,
     batch_summary,
     class_summary,
     latency_counts,
@@ -74,6 +77,45 @@ _LATENCY_ROWS: tuple[_LatencyRow, ...] = (
         "no finished request produced 2+ tokens",
     ),
 )
+
+
+# A vLLM server's latencies as its clients see them (Scenario.requests_frame).
+_CLIENT_ROWS: tuple[_LatencyRow, ...] = tuple(
+    (column, label, ("finished request", "finished requests"), "no request finished")
+    for column, label in zip(CLIENT_COLUMNS, ("client TTFT", "client e2e"), strict=True)
+)
+
+_GIB = 2**30
+
+
+def vllm_lines(config: VllmConfig) -> list[str]:
+    """What a vLLM scenario built, for a terminal: the model on its GPUs, the weights per
+    GPU, the KV cache per replica (:meth:`~simsim.gpu.vllm.VllmConfig.memory`) and the
+    serving limits."""
+    plan = config.memory()
+    model = config.model
+    weights = "FP8" if model.weight_bytes_per_param <= 1 else "16-bit"
+    kv = "FP8" if model.kv_bytes_per_element <= 1 else "16-bit"
+    caching = "on" if config.enable_prefix_caching else "off"
+    return [
+        f"vllm          {model.name} on {config.gpu.name} x {config.tp} (tp={config.tp}): "
+        f"{plan.weight_bytes / _GIB:.1f} GiB of {weights} weights per GPU",
+        f"vllm memory   {plan.kv_blocks:,} KV blocks x {plan.block_size} tokens = "
+        f"{plan.kv_tokens:,} tokens of {kv} KV cache per replica (gpu_mem_util "
+        f"{config.gpu_mem_util:g})",
+        f"vllm limits   max_num_seqs {config.max_num_seqs:,}, max_num_batched_tokens "
+        f"{config.max_num_batched_tokens:,}, prefix caching {caching}",
+    ]
+
+
+def frontend_lines(overheads: FrontendOverheads) -> list[str]:
+    """What the client rows of :func:`summary_table` add to the engine's latencies."""
+    return [
+        "client rows   include vLLM's frontend overheads (the rows above them are the engine's):",
+        f"{'':14}{duration(overheads.before_queue_us)} before queueing, "
+        f"{duration(overheads.per_output_token_us)} per output token, "
+        f"{duration(overheads.at_completion_us)} at completion",
+    ]
 
 
 _DECODE_QUEUE_ROW: _LatencyRow = (
@@ -225,9 +267,10 @@ def summary_table(summary: pd.DataFrame, requests: pd.DataFrame, server: Sequenc
     if "decode_queue_delay_us" in requests.columns:  # disaggregated: a queue per pool
         queue, *others = _LATENCY_ROWS
         latency_rows = (("queue_delay_us", "prefill queue", *queue[2:]), _DECODE_QUEUE_ROW, *others)
+    latency_rows += tuple(row for row in _CLIENT_ROWS if row[0] in requests.columns)
     covered = latency_counts(requests)
     for column, label, covers, why_missing in latency_rows:
-        present = int(covered[column])
+        present = int(covered.get(column, requests[column].notna().sum()))
         if present == 0:
             lines.append(f"{label:<14}n/a ({why_missing})")
             continue

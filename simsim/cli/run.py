@@ -10,8 +10,10 @@ from simsim.cli.report import (
     batching_lines,
     class_lines,
     cluster_lines,
+    frontend_lines,
     overload_line,
     summary_table,
+    vllm_lines,
 )
 from simsim.cli.shared import (
     ProgressBar,
@@ -62,7 +64,8 @@ def execute(args: argparse.Namespace) -> int:
         print(f"simsim: replaced the tables of an earlier run in {out}/", file=sys.stderr)
     print(f"scenario {scenario.name!r} ({scenario.source}), seed {scenario.seed}")
     replicas = server_replicas(engine)
-    server = (
+    server = [] if scenario.vllm is None else vllm_lines(scenario.vllm)
+    server += (
         batching_lines(
             server_kv_blocks(engine),
             engine.prefix_cache,
@@ -79,6 +82,8 @@ def execute(args: argparse.Namespace) -> int:
         options = ", ".join(f"{key} {value:g}" for key, value in scenario.scheduler_options)
         server.append(f"scheduler     {scenario.scheduler}{f' ({options})' if options else ''}")
     print(summary_table(summary, frames["requests"], server))
+    if scenario.frontend is not None:
+        print("\n".join(frontend_lines(scenario.frontend)))
     overload = overload_line(frames["requests"])
     if overload is not None:
         print(overload)

@@ -140,7 +140,7 @@ def write_tables(
     option: str, out: Path, engine: Server, fmt: Any, scenario: Scenario
 ) -> dict[str, pd.DataFrame]:
     """Write *engine*'s tables to *out*, stamped with the simulated time it ended at."""
-    frames = run_tables(engine)
+    frames = run_tables(engine, requests=scenario.requests_frame(engine))
     try:
         write_run_folder(
             out,

@@ -24,7 +24,7 @@ def execute(args: argparse.Namespace) -> int:
         for note in serve_notes(scenario):
             print(note, file=sys.stderr)
         print(
-            f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+            f"{args.scenario}: ok: scenario {scenario.name!r}, engine {_engine_words(scenario)}, "
             f"{_cluster_words(scenario)}served over HTTP (the clients send the requests)"
         )
         return 0
@@ -40,12 +40,25 @@ def execute(args: argparse.Namespace) -> int:
     # Submit every request to the engine (without running it): what run would refuse.
     requests = check_scenario(scenario)
     print(
-        f"{args.scenario}: ok: scenario {scenario.name!r}, engine {scenario.engine}, "
+        f"{args.scenario}: ok: scenario {scenario.name!r}, engine {_engine_words(scenario)}, "
         f"{_cluster_words(scenario)}"
         f"{counted(len(requests), 'request')}, "
         f"{counted(len(scenario.cancellations), 'cancellation')}"
     )
     return 0
+
+
+def _engine_words(scenario: Scenario) -> str:
+    """The engine's name; for ``vllm`` also what it is: ``vllm (meta-llama/Llama-2-7b-hf
+    on H100-SXM x 2, 14,901 KV blocks of 16 tokens per replica)``."""
+    config = scenario.vllm
+    if config is None:
+        return scenario.engine
+    blocks = config.memory().kv_blocks
+    return (
+        f"{scenario.engine} ({config.model.name} on {config.gpu.name} x {config.tp}, "
+        f"{blocks:,} KV blocks of {config.block_size} tokens per replica)"
+    )
 
 
 def _cluster_words(scenario: Scenario) -> str:

@@ -56,10 +56,13 @@ __all__ = [
 ]
 
 Engine = Literal["single_slot", "batching"]
-ENGINES: Final = tuple(name for name, kind in ENGINE_KINDS.items() if kind.prices_context)
+ENGINES: Final = tuple(
+    name for name, kind in ENGINE_KINDS.items() if kind.prices_context and kind.takes_backend
+)
 """The servers a calibration can be for: the built-in engine kinds that price each step
-from its context (a fitted backend needs it), ``single_slot`` (one request at a time)
-and ``batching`` (continuous batching)."""
+from its context (a fitted backend needs it) with a scenario's ``[backend]`` table,
+``single_slot`` (one request at a time) and ``batching`` (continuous batching); not
+``vllm``, which prices its steps with the physics model of its own GPUs."""
 
 PROBE_COLUMNS: Final = (
     "probe",

@@ -19,8 +19,9 @@ beside the model, the GPU and the tensor-parallel degree, and builds a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from simsim.checks import check_positive_int, check_real
 from simsim.engines.batching import BatchingEngine, KvCacheConfig
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from simsim.clock import Environment
     from simsim.scheduler import Scheduler
 
-__all__ = ["VllmConfig"]
+__all__ = ["VllmConfig", "VllmSettings", "vllm_server"]
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -164,3 +165,53 @@ class VllmConfig:
             env=env,
             admission=admission,
         )
+
+
+class VllmSettings(TypedDict, total=False):
+    """vLLM's serving settings :func:`vllm_server` takes by keyword, as
+    :class:`VllmConfig` takes them (defaults: ``max_num_seqs`` 256,
+    ``max_num_batched_tokens`` 8192, ``gpu_mem_util`` 0.9, ``block_size`` 16,
+    ``enable_prefix_caching`` True, ``coefficients`` the shipped ones)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_mem_util: float
+    block_size: int
+    enable_prefix_caching: bool
+    coefficients: PhysicsCoefficients
+
+
+def vllm_server(
+    model: ModelSpec | str | os.PathLike[str],
+    gpu: GpuSpec | str = "H100",
+    tp: int = 1,
+    *,
+    precision: str | None = None,
+    kv_cache_dtype: str | None = None,
+    scheduler: Scheduler | None = None,
+    env: Environment | None = None,
+    admission: AdmissionControl | None = None,
+    **settings: Unpack[VllmSettings],
+) -> BatchingEngine:
+    """A new vLLM-shaped :class:`~simsim.BatchingEngine`, ready for requests.
+
+    ``vllm_server("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=1, max_num_seqs=128)``
+    is ``VllmConfig(model, gpu, tp, **settings).engine(scheduler, env=env,
+    admission=admission)``; *model* may also be a ``config.json`` path, loaded with
+    *precision* and *kv_cache_dtype* (:func:`~simsim.gpu.models.load_model`), which
+    apply only to a model given by name or path. Its request table gives the engine's
+    times: add the frontend's overheads a client sees with
+    :func:`simsim.gpu.physics.client_latencies` (``VllmConfig.frontend``).
+    """
+    if isinstance(model, ModelSpec):
+        if precision is not None or kv_cache_dtype is not None:
+            raise ValueError(
+                f"precision ({precision!r}) and kv_cache_dtype ({kv_cache_dtype!r}) apply "
+                "to a model given by name or path; for a ModelSpec use "
+                "dataclasses.replace or load_model(..., precision=...)"
+            )
+        spec = model
+    else:
+        spec = load_model(model, precision=precision, kv_cache_dtype=kv_cache_dtype)
+    config = VllmConfig(spec, gpu, tp, **settings)
+    return config.engine(scheduler, env=env, admission=admission)

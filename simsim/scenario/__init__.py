@@ -12,13 +12,14 @@ The package, one idea per module:
   was being made);
 * ``model``: :class:`Scenario` and its parts (:class:`RequestSpec`,
   :class:`Cancellation`, :class:`BatchingSpec`, :class:`ClusterSpec` and its
-  :class:`PoolSpec`, :class:`BackendSpec`) and ``Server`` (the :class:`simsim.Server`
-  protocol: an engine or a cluster);
+  :class:`PoolSpec`, :class:`BackendSpec`, :class:`PhysicsBackendSpec`) and
+  ``Server`` (the :class:`simsim.Server` protocol: an engine or a cluster);
 * ``engine_kinds``: :data:`ENGINE_KINDS` (also :data:`ENGINE_BUILDERS`), the one
   registry of the engines a scenario can choose, each an :class:`EngineKind` record of
   what it can do;
 * ``parse``: the document's tables into a :class:`Scenario`, with ``trace_table``
-  (``[trace]``) and ``workload_table`` (``[workload]``) beside it;
+  (``[trace]``), ``workload_table`` (``[workload]``) and ``gpu_tables`` (``[vllm]``,
+  ``[gpus.<name>]``, ``[backend] kind = "physics"``) beside it;
 * ``run``: building the engine, checking what it refuses at submission, running it;
   ``defaults``: the built-in scenario.
 """
@@ -42,6 +43,7 @@ from simsim.scenario.model import (
     BatchingSpec,
     Cancellation,
     ClusterSpec,
+    PhysicsBackendSpec,
     PoolSpec,
     RequestSpec,
     Scenario,
@@ -61,6 +63,7 @@ __all__ = [
     "Cancellation",
     "ClusterSpec",
     "EngineKind",
+    "PhysicsBackendSpec",
     "PoolSpec",
     "RequestSpec",
     "Scenario",

@@ -68,7 +68,9 @@ class EngineKind:
     context (a fitted backend can price it, and ``simsim calibrate`` can fit it).
     ``closed_loop``: submissions and cancellations may come while it runs.
     ``serves_as``: the kind that stands in for it where it lacks an ability, with the
-    same request table (``None``: none does).
+    same request table (``None``: none does). ``takes_backend``: a scenario's
+    ``[backend]`` table prices its steps (``False``: the kind prices them itself from its
+    own table, as ``vllm`` does from ``[vllm]``, and ``simsim calibrate`` cannot fit it).
     """
 
     name: str
@@ -78,6 +80,7 @@ class EngineKind:
     prices_context: bool = True
     closed_loop: bool = True
     serves_as: str | None = None
+    takes_backend: bool = True
 
     def __call__(
         self, scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
@@ -111,6 +114,16 @@ def _batching(
     return scenario.batching.build(backend, scheduler, env, scenario.admission)
 
 
+def _vllm(
+    scenario: Scenario, backend: Backend, scheduler: Scheduler, env: Environment
+) -> EngineBase:
+    # The server builds its own physics backend from [vllm] (the scenario's backend is
+    # the same model: Scenario.build_backend() gives it for other uses).
+    if scenario.vllm is None:
+        raise ScenarioError(scenario.source, "vllm", 'engine "vllm" needs [vllm]')
+    return scenario.vllm.engine(scheduler, env=env, admission=scenario.admission)
+
+
 class _EngineKinds(Registry[EngineKind]):
     """A registry of engine kinds; a plain builder registered is a kind that can do all."""
 
@@ -138,6 +151,7 @@ for _kind in (
         serves_as="single_slot",
     ),
     EngineKind("batching", _batching, BatchingEngine),
+    EngineKind("vllm", _vllm, BatchingEngine, takes_backend=False),
 ):
     ENGINE_KINDS.register(_kind.name, _kind)
 
@@ -165,7 +179,12 @@ def cannot(engine: str, ability: Ability) -> str | None:
             "gives the same request table"
         )
     else:
-        able = [name for name, other in ENGINE_KINDS.items() if other.can(ability)]
+        # A kind that prices its steps itself (vllm) takes no fitted backend either.
+        able = [
+            name
+            for name, other in ENGINE_KINDS.items()
+            if other.can(ability) and (ability != "prices_context" or other.takes_backend)
+        ]
         message += ": use engine = " + " or ".join(f'"{name}"' for name in able)
     return message
 

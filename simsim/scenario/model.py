@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simsim.admission import AdmissionControl
 from simsim.backend import (
@@ -28,8 +28,19 @@ from simsim.cluster import (
 from simsim.engines import BatchingEngine, KvCacheConfig
 from simsim.engines.base import EngineBase
 from simsim.engines.server import Server as ServerProtocol
+from simsim.gpu.gpus import GpuSpec
+from simsim.gpu.models import ModelSpec
+from simsim.gpu.physics import (
+    DEFAULT_COEFFICIENTS,
+    FrontendOverheads,
+    PhysicsBackend,
+    PhysicsCoefficients,
+    client_latencies,
+)
+from simsim.gpu.vllm import VllmConfig
 from simsim.registry import Registry
 from simsim.request import RequestSpec
+from simsim.results import CLIENT_COLUMNS
 from simsim.scenario.checker import ScenarioError, out_of_memory_while
 from simsim.scenario.engine_kinds import ENGINE_KINDS, EngineBuilder, EngineKind
 from simsim.scheduler import Scheduler
@@ -43,6 +54,9 @@ from simsim.workloads import (
     check_seed,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = [
     "ENGINES",
     "ENGINE_BUILDERS",
@@ -50,11 +64,13 @@ __all__ = [
     "SCHEDULERS",
     "SCHEDULER_OPTIONS",
     "SEEDED_ROUTERS",
+    "BackendConfig",
     "BackendSpec",
     "BatchingSpec",
     "Cancellation",
     "ClusterSpec",
     "EngineBuilder",
+    "PhysicsBackendSpec",
     "PoolSpec",
     "RequestSpec",
     "Scenario",
@@ -122,6 +138,24 @@ class BackendSpec:
         backend: Backend = BACKENDS.build(self.kind, **dict(self.options))
         return backend
 
+
+@dataclass(frozen=True, slots=True)
+class PhysicsBackendSpec:
+    """A ``[backend] kind = "physics"`` table (or the cost model of ``[vllm]``): the
+    model, GPU, tp and coefficients of a :class:`~simsim.gpu.physics.PhysicsBackend`."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int
+    coefficients: PhysicsCoefficients = DEFAULT_COEFFICIENTS
+
+    def build(self) -> PhysicsBackend:
+        """A new :class:`~simsim.gpu.physics.PhysicsBackend` of this model, GPU and tp."""
+        return PhysicsBackend(self.model, self.gpu, self.tp, coefficients=self.coefficients)
+
+
+BackendConfig = SimulatedBackendConfig | FittedBackendConfig | BackendSpec | PhysicsBackendSpec
+"""What a ``[backend]`` table describes (``engine = "vllm"``: its physics backend)."""
 
 Workload = OpenLoopWorkload | ClosedLoopWorkload | ClassMix
 """What ``[workload]`` describes: open-loop, closed-loop, or a mix of request classes."""
@@ -279,9 +313,7 @@ class Scenario:
     engine: str = "single_slot"
     batching: BatchingSpec | None = None
     scheduler: str = "fcfs"
-    backend: SimulatedBackendConfig | FittedBackendConfig | BackendSpec = field(
-        default_factory=SimulatedBackendConfig
-    )
+    backend: BackendConfig = field(default_factory=SimulatedBackendConfig)
     requests: tuple[RequestSpec, ...] = ()
     workload: Workload | None = None
     cancellations: tuple[Cancellation, ...] = ()
@@ -293,6 +325,33 @@ class Scenario:
     scheduler_options: tuple[tuple[str, float], ...] = ()
     #: The ``[admission]`` table: limits checked at each arrival (of the cluster, if any).
     admission: AdmissionControl | None = None
+    #: The ``[vllm]`` table of ``engine = "vllm"``: the server each replica runs.
+    vllm: VllmConfig | None = None
+
+    @property
+    def frontend(self) -> FrontendOverheads | None:
+        """What a client sees beyond the server's steps (a vLLM server's frontend
+        overheads; ``None`` for the other engines, whose clients see the engine's times)."""
+        return None if self.vllm is None else self.vllm.frontend
+
+    def requests_frame(self, server: Server) -> pd.DataFrame:
+        """*server*'s requests frame as this scenario's clients see it.
+
+        With a :attr:`frontend` (``engine = "vllm"``), two float columns are appended
+        (:data:`simsim.results.CLIENT_COLUMNS`, finished requests only, ``<NA>`` otherwise):
+        ``client_ttft_us`` and ``client_e2e_us``, the engine's TTFT and end-to-end
+        latency plus the frontend's overheads
+        (:func:`simsim.gpu.physics.client_latencies`); :func:`simsim.summarize` then
+        reports their statistics too. Without one, the frame is the server's own.
+        """
+        frame = server.requests_frame()
+        overheads = self.frontend
+        if overheads is None:
+            return frame
+        client = client_latencies(frame, overheads)
+        for column in CLIENT_COLUMNS:
+            frame[column] = client[column].reindex(frame.index).astype("Float64")
+        return frame
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario with another seed for its generated workload."""
@@ -418,8 +477,10 @@ class Scenario:
         return {}
 
     def build_backend(self) -> Backend:
-        """The cost model of the ``[backend]`` table: simulated (default), fitted, or a
-        registered kind."""
+        """The cost model of the ``[backend]`` table: simulated (default), fitted,
+        physics (also ``engine = "vllm"``'s), or a registered kind."""
+        if isinstance(self.backend, PhysicsBackendSpec):
+            return self.backend.build()
         if isinstance(self.backend, BackendSpec):
             try:
                 return self.backend.build()

@@ -23,15 +23,24 @@ from simsim.clock import Environment
 from simsim.cluster import ROUTERS, SCORERS, KvTransferConfig, WeightedRouter
 from simsim.engines import KvCacheConfig
 from simsim.engines.batching import POLICIES
+from simsim.gpu.gpus import GpuSpec
 from simsim.registry import Registry
 from simsim.scenario.checker import ScenarioError, TomlChecker, limited, make, read_toml
 from simsim.scenario.engine_kinds import ENGINE_KINDS, cannot
+from simsim.scenario.gpu_tables import (
+    parse_gpus,
+    parse_physics_backend,
+    parse_vllm,
+    vllm_batching,
+)
 from simsim.scenario.model import (
     SCHEDULER_OPTIONS,
+    BackendConfig,
     BackendSpec,
     BatchingSpec,
     Cancellation,
     ClusterSpec,
+    PhysicsBackendSpec,
     PoolSpec,
     RequestSpec,
     Scenario,
@@ -65,6 +74,8 @@ _TOP_KEYS = (
     "prefix_cache",
     "cluster",
     "admission",
+    "vllm",
+    "gpus",
 )
 _ADMISSION_KEYS = ("key", "limits")
 _LIMIT_KEYS = ("max_queued", "rate_per_s", "burst")
@@ -164,7 +175,22 @@ def parse_scenario(
     seed = check.integer(head, "seed", "scenario", default=0)
 
     backend_table = check.table(data, "backend", "backend")
-    backend = _parse_backend(check, backend_table)
+    gpus = parse_gpus(check, data)
+    vllm = parse_vllm(check, data, base_dir, gpus) if engine == "vllm" else None
+    if vllm is not None:
+        backend: BackendConfig = PhysicsBackendSpec(
+            vllm.model, vllm.gpu, vllm.tp, vllm.coefficients
+        )
+    else:
+        if "vllm" in data:
+            raise check.fail("vllm", 'only for engine = "vllm" (see [scenario] engine)')
+        backend = _parse_backend(check, backend_table, base_dir, gpus)
+        if gpus and not isinstance(backend, PhysicsBackendSpec):
+            raise check.fail(
+                "gpus",
+                'a GPU is named only by engine = "vllm" ([vllm] gpu) or a [backend] of '
+                'kind = "physics" (its gpu), and this scenario has neither',
+            )
 
     scheduler, scheduler_options = _parse_scheduler(check, data)
 
@@ -172,11 +198,14 @@ def parse_scenario(
     # shared prefixes name its blocks and are checked against its size before a single
     # block hash is made.
     batching = _parse_batching(check, data, engine)
-    prefix_cache = batching is not None and batching.prefix_cache
+    # A vLLM server is a batching server too: its KV cache and prefix cache are checked
+    # alike (it always takes block hashes; it uses them with prefix caching enabled).
+    served = batching if vllm is None else vllm_batching(vllm)
+    prefix_cache = served is not None and served.prefix_cache
     # [prefix_cache] enabled = false: requests may name blocks, and are made the same
     # without their names (a baseline to compare the cache against).
-    names_allowed = batching is not None and "prefix_cache" in data
-    cluster = _parse_cluster(check, data, engine, batching) if "cluster" in data else None
+    names_allowed = (batching is not None and "prefix_cache" in data) or vllm is not None
+    cluster = _parse_cluster(check, data, engine, served) if "cluster" in data else None
 
     specs: list[RequestSpec] = []
     for index, row in enumerate(check.array_of_tables(data, "requests")):
@@ -218,7 +247,7 @@ def parse_scenario(
             check,
             check.table(data, "workload", "workload"),
             base_dir,
-            _shared_cache(batching, cluster, names_allowed),
+            _shared_cache(served, cluster, names_allowed),
         )
 
     if require_requests and not specs and workload is None:
@@ -231,10 +260,15 @@ def parse_scenario(
         # A serving scenario has no requests of its own: its clients' names are unknown
         # here (simsim serve notes which limits its requests can meet).
         _check_limit_names(check, admission, specs, workload)
-    _check_trace_blocks(check, data, batching)
+    _check_trace_blocks(check, data, served)
     refusal = cannot(engine, "prices_context")
     if refusal is not None and isinstance(backend, FittedBackendConfig):
         raise check.fail("backend.kind", refusal)
+    if refusal is not None and isinstance(backend, PhysicsBackendSpec):
+        raise check.fail(
+            "backend.kind",
+            f'"physics" prices each step from its context, as "fitted" does: {refusal}',
+        )
     refusal = cannot(engine, "closed_loop")
     if refusal is not None and isinstance(workload, ClosedLoopWorkload):
         # Its users submit and cancel while the simulation runs, in an order that
@@ -264,6 +298,7 @@ def parse_scenario(
         cancellations=tuple(cancellations),
         seed=seed,
         source=source,
+        vllm=vllm,
     )
     known = {spec.request_id for spec in scenario.all_requests()}
     # Cancellations must name requests known before the run (not closed-loop ones).
@@ -274,7 +309,7 @@ def parse_scenario(
                 f"cancellations[{index}].request_id",
                 f"request {cancellation.request_id} is not in the scenario's requests",
             )
-    if require_backend and not backend_table:
+    if require_backend and not backend_table and vllm is None:
         # Every cost would be 0 and every latency 0 us: almost always a forgotten table.
         missing = "missing table" if "backend" not in data else "the table is empty"
         raise ScenarioError(
@@ -405,7 +440,7 @@ def _check_limit_names(
         )
 
 
-def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConfig | BackendSpec:
+def load_backend(path: str | Path) -> BackendConfig:
     """The cost model in the ``[backend]`` table of the TOML file at *path*.
 
     Such as the file ``simsim calibrate`` writes; other tables in the file are not read.
@@ -413,7 +448,7 @@ def load_backend(path: str | Path) -> SimulatedBackendConfig | FittedBackendConf
     value.
     """
     check, table = _backend_table(path)
-    return _parse_backend(check, table)
+    return _parse_backend(check, table, Path(path).parent, {})
 
 
 def _backend_table(path: str | Path) -> tuple[TomlChecker, Mapping[str, Any]]:
@@ -421,16 +456,23 @@ def _backend_table(path: str | Path) -> tuple[TomlChecker, Mapping[str, Any]]:
     table = check.table(read_toml(path), "backend", "backend")
     if not table:
         raise check.fail("backend", "missing or empty table: the file gives no cost model")
-    _parse_backend(check, table)
+    _parse_backend(check, table, Path(path).parent, {})
     return check, table
 
 
 def _parse_backend(
-    check: TomlChecker, table: Mapping[str, Any]
-) -> SimulatedBackendConfig | FittedBackendConfig | BackendSpec:
-    """``[backend]``: integer coefficients by default, ``kind = "fitted"`` and floats, or
-    a registered kind and the options its factory takes."""
-    kind = check.choice(table, "kind", "backend", tuple(BACKENDS), default="simulated")
+    check: TomlChecker,
+    table: Mapping[str, Any],
+    base_dir: Path | None,
+    gpus: Mapping[str, GpuSpec],
+) -> BackendConfig:
+    """``[backend]``: integer coefficients by default, ``kind = "fitted"`` and floats,
+    ``kind = "physics"`` and a model on GPUs (*gpus*: the scenario's own, by name; a
+    model's path is read from *base_dir*), or a registered kind and the options its
+    factory takes."""
+    kind = check.choice(table, "kind", "backend", (*BACKENDS, "physics"), default="simulated")
+    if kind == "physics":
+        return parse_physics_backend(check, table, base_dir, gpus)
     if kind not in ("simulated", "fitted"):
         allowed = scenario_options(BACKENDS, kind)
         check.keys(table, ("kind", *allowed), "backend")

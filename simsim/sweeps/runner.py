@@ -186,8 +186,10 @@ def execute(task: RunTask) -> dict[str, float]:
         assert source.document is not None
         document = apply_settings(source.document, {**task.settings, "scenario.seed": task.seed})
         scenario = parse_scenario(document, source=source.source, base_dir=Path(source.base_dir))
+        server = run_scenario(scenario)
         summary = run_summary(
-            run_scenario(scenario),
+            server,
+            requests=scenario.requests_frame(server),  # a vLLM server's: as clients see it
             ttft_slo_us=task.ttft_slo_us,
             tpot_slo_us=task.tpot_slo_us,
             percentiles=task.percentiles,
