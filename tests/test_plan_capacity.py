@@ -22,6 +22,7 @@ from simsim.gpu.physics import PhysicsCoefficients
 from simsim.gpu.vllm import VllmConfig
 from simsim.sweeps import CapacityPlan, plan_capacity
 from simsim.sweeps.plan import VERDICTS, check_plan_targets
+from simsim.sweeps.plan_file import plan_from_file
 from simsim.workloads import Fixed, FixedRateArrivals, OpenLoopWorkload
 
 SMALL = "Qwen/Qwen2.5-0.5B-Instruct"  # 14 heads, 2 KV heads: tp=4 cannot split it
@@ -386,3 +387,122 @@ def test_a_vllm_config_is_a_template_for_every_configuration() -> None:
     assert (plan.best.gpu, plan.best.replicas) == ("H100-SXM", 3)
     assert plan.best.config.max_num_seqs == 1
     assert plan.best.config.coefficients == TEN_MS_STEPS
+
+
+# ---------------------------------------------------------------- from a scenario file
+
+PLAN_SCENARIO = """\
+[scenario]
+engine = "vllm"
+seed = 5
+
+[vllm]
+model = "Qwen/Qwen2.5-0.5B-Instruct"
+gpu = "L4"
+max_num_seqs = 1
+
+[backend]                  # every step costs 10 ms, nothing else costs anything
+kind = "physics"
+memory_scale = 0
+compute_scale = 0
+allreduce_scale = 0
+per_step_us = 10000
+per_layer_us = 0
+per_sequence_us = 0
+before_queue_us = 0
+per_output_token_us = 0
+at_completion_us = 0
+
+[cluster]
+replicas = 1
+router = "round_robin"
+
+[workload]
+count = 60
+arrivals = { process = "fixed", rate_per_s = 25.0 }
+prompt_tokens = 16
+output_tokens = 10
+
+[gpus.mine]
+bf16_tflops = 100
+hbm_tb_s = 1
+memory_gib = 48
+interconnect_gb_s = 32
+price_per_hour = 0.5
+
+[plan]
+gpus = ["H100", "mine"]
+tp = [1, 4]
+max_replicas = 4
+targets = { e2e_p99_ms = 150 }
+"""
+
+
+def scenario_file(tmp_path: Path, text: str = PLAN_SCENARIO) -> Path:
+    path = tmp_path / "plan.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_scenario_file_gives_the_server_the_requests_and_the_plan(tmp_path: Path) -> None:
+    plan = plan_from_file(scenario_file(tmp_path), workers=1)
+    # The file's one slot, 10 ms steps, requests every 40 ms and round robin: 3 replicas
+    # of either GPU, and the file's own GPU is the cheaper.
+    assert plan.best is not None
+    assert (plan.best.gpu, plan.best.tp, plan.best.replicas) == ("mine", 1, 3)
+    assert plan.best.usd_per_hour == pytest.approx(1.5)
+    assert (plan.router, plan.seed, plan.max_replicas) == ("round_robin", 5, 4)
+    assert list(plan.configurations["status"]) == ["meets", "invalid tp", "meets", "invalid tp"]
+    # Keywords (the command's flags) replace the [plan] table's keys.
+    only = plan_from_file(scenario_file(tmp_path), gpus=["H100"], tp=[1], workers=1)
+    assert only.best is not None and only.best.gpu == "H100-SXM"
+
+
+def test_simsim_plan_reads_a_scenario_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = scenario_file(tmp_path)
+    code, out, err = cli(capsys, str(path), "--workers", "1", "--e2e-p99", "90ms")
+    assert code == 0, err
+    assert out.splitlines()[0] == "targets: e2e_p99 <= 90.0 ms"
+    assert "no configuration met the targets with at most 4 replicas" in out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('engine = "vllm"', 'engine = "batching"'), 'vllm: only for engine = "vllm"'),
+        (("max_replicas = 4", 'max_replicas = "4"'), "plan.max_replicas: must be a whole"),
+        (
+            ("tp = [1, 4]", "tp = [1, 4]\nreplicas = 2"),
+            "plan.replicas: unknown key (did you mean 'max_replicas'?)",
+        ),
+        (("targets = { e2e_p99_ms = 150 }", ""), "plan.targets: give at least one target"),
+    ],
+)
+def test_a_bad_scenario_file_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = scenario_file(tmp_path, PLAN_SCENARIO.replace(*change))
+    code, out, err = cli(capsys, str(path), "--workers", "1")
+    assert code == 2 and out == ""
+    assert err.startswith(f"simsim: error: {path}") and message in err
+    assert err.count("\n") == 1
+
+
+def test_a_scenario_file_leaves_no_room_for_workload_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = cli(capsys, str(scenario_file(tmp_path)), "--rate", "5")
+    assert code == 2
+    assert "--rate: comes from the scenario file" in err
+
+
+def test_simsim_plan_needs_a_vllm_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).parent.parent / "examples" / "scenarios" / "batching.toml"
+    code, _, err = cli(capsys, str(path), "--ttft-p99", "1s")
+    assert code == 2
+    assert err == (
+        f'simsim: error: {path}: scenario.engine: simsim plan needs engine = "vllm" with a '
+        "[vllm] table (the model and its server's settings)\n"
+    )

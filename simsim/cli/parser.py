@@ -8,6 +8,9 @@ from typing import Any
 from simsim import __version__
 from simsim.run_folder import FORMATS
 
+DEFAULT_DURATION_S = 60.0
+"""Seconds of arrivals ``simsim plan`` simulates without ``--duration``."""
+
 # The shorthand flags: flag -> the target metric it sets.
 TARGET_FLAGS = {
     "ttft_p99": "ttft_p99_ms",
@@ -176,30 +179,33 @@ def add_plan_parser(commands: Any) -> None:
         "targets by bisection, and print what was tried, why each failed and the cheapest "
         "configuration that passed (docs/gpu.md, 'How many GPUs: simsim plan').",
     )
-    plan.add_argument("--model", required=True, help="a preset's Hugging Face id or config.json")
-    plan.add_argument("--rate", type=float, required=True, help="requests per second")
-    plan.add_argument("--prompt", type=int, required=True, help="prompt tokens per request")
-    plan.add_argument("--output", type=int, required=True, help="output tokens per request")
+    plan.add_argument(
+        "scenario",
+        nargs="?",
+        metavar="SCENARIO.toml",
+        help='a scenario file with engine = "vllm" (its model, settings and requests) and '
+        "an optional [plan] table, instead of --model and the workload flags",
+    )
+    plan.add_argument("--model", default=None, help="a preset's Hugging Face id or config.json")
+    plan.add_argument("--rate", type=float, default=None, help="requests per second")
+    plan.add_argument("--prompt", type=int, default=None, help="prompt tokens per request")
+    plan.add_argument("--output", type=int, default=None, help="output tokens per request")
     plan.add_argument(
         "--duration",
         type=float,
-        default=60.0,
-        help="seconds of arrivals to simulate (default: %(default)s)",
+        default=None,
+        help=f"seconds of arrivals to simulate (default: {DEFAULT_DURATION_S:g})",
     )
     plan.add_argument(
         "--arrivals",
         choices=("poisson", "fixed"),
-        default="poisson",
-        help="Poisson arrivals or one every 1/rate s (default: %(default)s)",
+        default=None,
+        help="Poisson arrivals or one every 1/rate s (default: poisson)",
     )
+    plan.add_argument("--gpus", default=None, help="GPU types (default: H100,A100-80GB,L40S)")
+    plan.add_argument("--tp", default=None, help="tensor-parallel degrees (default: 1,2,4,8)")
     plan.add_argument(
-        "--gpus", default="H100,A100-80GB,L40S", help="GPU types (default: %(default)s)"
-    )
-    plan.add_argument(
-        "--tp", default="1,2,4,8", help="tensor-parallel degrees (default: %(default)s)"
-    )
-    plan.add_argument(
-        "--max-replicas", type=int, default=16, help="most replicas per configuration (16)"
+        "--max-replicas", type=int, default=None, help="most replicas per configuration (16)"
     )
     for flag, metric in TARGET_FLAGS.items():
         plan.add_argument(
@@ -224,10 +230,12 @@ def add_plan_parser(commands: Any) -> None:
     )
     plan.add_argument(
         "--router",
-        default="least_outstanding",
-        help="the router in front of the replicas (default: %(default)s)",
+        default=None,
+        help="the router in front of the replicas (default: least_outstanding)",
     )
-    plan.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    plan.add_argument(
+        "--seed", type=int, default=None, help="workload seed (default: 0, or the file's)"
+    )
     plan.add_argument("--table", metavar="CSV", default=None, help="also write the table here")
     plan.add_argument(
         "--plot", metavar="PNG", default=None, help="draw what was tried (needs simsim[plot])"

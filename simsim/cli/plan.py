@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import math
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from simsim.cli.parser import TARGET_FLAGS
+from simsim.cli.parser import DEFAULT_DURATION_S, TARGET_FLAGS
 from simsim.cli.report import plan_report
 from simsim.cli.shared import ProgressBar, install
 from simsim.cli.sweep import executor_for
 from simsim.cli.usage import UsageError
 from simsim.sweeps.plan import CapacityPlan, plan_capacity
+from simsim.sweeps.plan_file import plan_from_file
 from simsim.sweeps.signals import SweepStopped
 from simsim.workloads import Fixed, FixedRateArrivals, OpenLoopWorkload, PoissonArrivals
 
@@ -23,18 +27,18 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(us|ms|s|mi
 _MS_PER_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "min": 60_000.0}
 
 
+_WORKLOAD_FLAGS = ("model", "rate", "prompt", "output", "duration", "arrivals")
+"""The flags that describe the server and the requests without a scenario file."""
+
+
 def execute(args: argparse.Namespace) -> int:
     """Plan and print the table and the answer; returns the exit status."""
-    targets = _targets(args)
-    workload = _workload(args)
-    gpus = _list(args.gpus, "--gpus")
-    tp = [_int(value, "--tp") for value in _list(args.tp, "--tp")]
-    prices = dict(_pair(text, "--price") for text in args.price)
-    prices_usd = {gpu: _float(value, "--price") for gpu, value in prices.items()}
+    options = _search_options(args)
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers", f"must be >= 1, got {args.workers}")
-    if args.seed < 0:
+    if args.seed is not None and args.seed < 0:
         raise UsageError("--seed", f"must be >= 0, got {args.seed}")
+    make = _from_file(args, options) if args.scenario else _from_flags(args, options)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print(
             f"simsim: error: --plot needs matplotlib, which is not installed: {install('plot')}",
@@ -46,16 +50,7 @@ def execute(args: argparse.Namespace) -> int:
         if executor is False:
             return 2
         try:
-            plan = plan_capacity(
-                args.model,
-                workload,
-                targets=targets,
-                gpus=gpus,
-                tp=tp,
-                max_replicas=args.max_replicas,
-                prices=prices_usd,
-                router=args.router,
-                seed=args.seed,
+            plan = make(
                 executor=executor,
                 workers=args.workers,
                 progress=ProgressBar(sys.stderr, "plan"),
@@ -71,6 +66,53 @@ def execute(args: argparse.Namespace) -> int:
     _write(plan, args)
     print("All times are simulated from the cost model, not measured on hardware.")
     return 0
+
+
+def _search_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``plan_capacity``'s keyword arguments from the flags given (and only those)."""
+    options: dict[str, Any] = {}
+    if args.gpus is not None:
+        options["gpus"] = _list(args.gpus, "--gpus")
+    if args.tp is not None:
+        options["tp"] = [_int(value, "--tp") for value in _list(args.tp, "--tp")]
+    if args.max_replicas is not None:
+        options["max_replicas"] = args.max_replicas
+    if args.router is not None:
+        options["router"] = args.router
+    if args.price:
+        prices = dict(_pair(text, "--price") for text in args.price)
+        options["prices"] = {gpu: _float(value, "--price") for gpu, value in prices.items()}
+    targets = _targets(args)
+    if targets:
+        options["targets"] = targets
+    return options
+
+
+def _from_flags(args: argparse.Namespace, options: dict[str, Any]) -> Callable[..., CapacityPlan]:
+    """The plan of the server and requests the flags describe."""
+    for name in ("model", "rate", "prompt", "output"):
+        if getattr(args, name) is None:
+            raise UsageError(f"--{name}", "is required without a scenario file (SCENARIO.toml)")
+    if "targets" not in options:
+        raise UsageError(
+            "--ttft-p99/--itl-p99/--e2e-p99/--target",
+            "give at least one target, e.g. --ttft-p99 2s",
+        )
+    workload = _workload(args)
+    seed = 0 if args.seed is None else args.seed
+    return functools.partial(plan_capacity, args.model, workload, seed=seed, **options)
+
+
+def _from_file(args: argparse.Namespace, options: dict[str, Any]) -> Callable[..., CapacityPlan]:
+    """The plan of a scenario file's server and requests; the flags given win."""
+    for name in _WORKLOAD_FLAGS:
+        if getattr(args, name) is not None:
+            raise UsageError(
+                f"--{name}",
+                "comes from the scenario file ([vllm] and its requests): leave it out, or "
+                "leave out the file",
+            )
+    return functools.partial(plan_from_file, args.scenario, seed=args.seed, **options)
 
 
 def _write(plan: CapacityPlan, args: argparse.Namespace) -> None:
@@ -90,6 +132,7 @@ def _write(plan: CapacityPlan, args: argparse.Namespace) -> None:
 
 
 def _targets(args: argparse.Namespace) -> dict[str, float]:
+    """The targets the flags give, in ms, by metric."""
     targets: dict[str, float] = {}
     for flag, metric in TARGET_FLAGS.items():
         value = getattr(args, flag)
@@ -99,11 +142,6 @@ def _targets(args: argparse.Namespace) -> dict[str, float]:
         name, value = _pair(text, "--target")
         metric = name if name.endswith("_ms") else f"{name}_ms"
         targets[metric] = duration_ms(value, "--target")
-    if not targets:
-        raise UsageError(
-            "--ttft-p99/--itl-p99/--e2e-p99/--target",
-            "give at least one target, e.g. --ttft-p99 2s",
-        )
     return targets
 
 
@@ -119,16 +157,18 @@ def duration_ms(text: str, flag: str) -> float:
 
 
 def _workload(args: argparse.Namespace) -> OpenLoopWorkload:
+    """The requests the flags describe: fixed sizes, Poisson (or evenly spaced) arrivals."""
     if not args.rate > 0 or not math.isfinite(args.rate):
         raise UsageError("--rate", f"must be a number of requests per second > 0, got {args.rate}")
-    if not args.duration > 0 or not math.isfinite(args.duration):
-        raise UsageError("--duration", f"must be a number of seconds > 0, got {args.duration}")
+    duration = DEFAULT_DURATION_S if args.duration is None else args.duration
+    if not duration > 0 or not math.isfinite(duration):
+        raise UsageError("--duration", f"must be a number of seconds > 0, got {duration}")
     for flag, value in (("--prompt", args.prompt), ("--output", args.output)):
         if value < 0:
             raise UsageError(flag, f"must be a number of tokens >= 0, got {value}")
-    count = max(1, round(args.rate * args.duration))
+    count = max(1, round(args.rate * duration))
     arrivals = (
-        PoissonArrivals(args.rate) if args.arrivals == "poisson" else FixedRateArrivals(args.rate)
+        FixedRateArrivals(args.rate) if args.arrivals == "fixed" else PoissonArrivals(args.rate)
     )
     return OpenLoopWorkload(arrivals, Fixed(args.prompt), Fixed(args.output), count=count)
 
