@@ -478,6 +478,11 @@ def test_simsim_plan_reads_a_scenario_file(
             "plan.replicas: unknown key (did you mean 'max_replicas'?)",
         ),
         (("targets = { e2e_p99_ms = 150 }", ""), "plan.targets: give at least one target"),
+        (
+            ('gpu = "L4"', 'gpu = "L4"\ntp = 4'),
+            "vllm.tp: tp=4 does not divide Qwen/Qwen2.5-0.5B-Instruct's 14 attention heads (the "
+            "scenario must run as it stands",
+        ),
     ],
 )
 def test_a_bad_scenario_file_is_one_line(

@@ -1,9 +1,10 @@
 """A capacity plan from a scenario file: ``simsim plan SCENARIO.toml``.
 
-The scenario (``engine = "vllm"``) gives what stays fixed: the model and vLLM's settings
-of its ``[vllm]`` table (and the physics coefficients of a ``[backend] kind =
-"physics"``), its requests (``[workload]``, ``[[requests]]``, ``[trace]``, with its
-seed), the router of its ``[cluster]`` and its own GPUs (``[gpus.<name>]``). An optional
+The scenario (``engine = "vllm"``, valid as it stands: its ``[vllm]`` gpu and tp must
+fit) gives what stays fixed: the model and vLLM's settings of its ``[vllm]`` table (and
+the physics coefficients of a ``[backend] kind = "physics"``), its requests
+(``[workload]``, ``[[requests]]``, ``[trace]``, with its seed), the router of its
+``[cluster]`` and its own GPUs (``[gpus.<name>]``). An optional
 ``[plan]`` table gives what is searched and the targets; every key of it is optional:
 
 .. code-block:: toml
@@ -84,7 +85,17 @@ def load_plan_file(path: str | os.PathLike[str], *, seed: int | None = None) -> 
     table = dict(check.table(document, "plan", "plan"))
     document.pop("plan", None)
     check.keys(table, PLAN_KEYS, "plan")
-    scenario = parse_scenario(document, source=source, base_dir=path.parent)
+    try:
+        scenario = parse_scenario(document, source=source, base_dir=path.parent)
+    except ScenarioError as error:
+        if error.key not in ("vllm.tp", "vllm.gpu"):
+            raise
+        raise ScenarioError(
+            source,
+            error.key,
+            f"{error.rule} (the scenario must run as it stands: give [vllm] a gpu and tp "
+            "that fit; each configuration of the plan replaces them)",
+        ) from None
     if seed is not None:
         scenario = scenario.with_seed(seed)
     if scenario.vllm is None:
