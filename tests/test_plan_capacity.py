@@ -511,3 +511,17 @@ def test_simsim_plan_needs_a_vllm_scenario(capsys: pytest.CaptureFixture[str]) -
         f'simsim: error: {path}: scenario.engine: simsim plan needs engine = "vllm" with a '
         "[vllm] table (the model and its server's settings)\n"
     )
+
+
+def test_simsim_plan_says_when_it_cannot_write_the_table(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no" / "such" / "plan.csv"
+    code, out, err = cli(
+        capsys, *LIGHT_FLAGS, "--duration", "2", "--gpus", "L4", "--tp", "1",
+        "--ttft-p99", "1min", "--workers", "1", "--table", str(missing),
+    )  # fmt: skip
+    assert code == 1
+    assert "cheapest (*): 1 L4 GPU" in out
+    assert err.startswith(f"simsim: error: --table {missing}: cannot write it (")
+    assert err.count("\n") == 1

@@ -25,8 +25,6 @@ from simsim.workloads import Fixed, FixedRateArrivals, OpenLoopWorkload, Poisson
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(us|ms|s|min)?\s*$")
 _MS_PER_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "min": 60_000.0}
-
-
 _WORKLOAD_FLAGS = ("model", "rate", "prompt", "output", "duration", "arrivals")
 """The flags that describe the server and the requests without a scenario file."""
 
@@ -63,7 +61,11 @@ def execute(args: argparse.Namespace) -> int:
             print(f"simsim: error: {error}", file=sys.stderr)
             return 2
     print(plan_report(plan))
-    _write(plan, args)
+    try:
+        _write(plan, args)
+    except _WriteError as error:
+        print(f"simsim: error: {error}", file=sys.stderr)
+        return 1
     print("All times are simulated from the cost model, not measured on hardware.")
     return 0
 
@@ -115,10 +117,17 @@ def _from_file(args: argparse.Namespace, options: dict[str, Any]) -> Callable[..
     return functools.partial(plan_from_file, args.scenario, seed=args.seed, **options)
 
 
+class _WriteError(Exception):
+    """An output file the flags name could not be written (the message says which)."""
+
+
 def _write(plan: CapacityPlan, args: argparse.Namespace) -> None:
     """The table as CSV and the figure, where the flags ask for them."""
     if args.table:
-        plan.table.to_csv(args.table, index=False)
+        try:
+            plan.table.to_csv(args.table, index=False)
+        except OSError as error:
+            raise _WriteError(f"--table {args.table}: cannot write it ({error})") from None
         print(f"table: {args.table}")
     if args.plot:
         import matplotlib.pyplot as plt
@@ -126,8 +135,12 @@ def _write(plan: CapacityPlan, args: argparse.Namespace) -> None:
         from simsim import plots
 
         figure = plots.draw_plan(plan.table)
-        figure.savefig(Path(args.plot), dpi=120)
-        plt.close(figure)
+        try:
+            figure.savefig(Path(args.plot), dpi=120)
+        except OSError as error:
+            raise _WriteError(f"--plot {args.plot}: cannot write it ({error})") from None
+        finally:
+            plt.close(figure)
         print(f"plot: {args.plot}")
 
 
