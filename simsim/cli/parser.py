@@ -202,10 +202,21 @@ def add_plan_parser(commands: Any) -> None:
         default=None,
         help="Poisson arrivals or one every 1/rate s (default: poisson)",
     )
-    plan.add_argument("--gpus", default=None, help="GPU types (default: H100,A100-80GB,L40S)")
-    plan.add_argument("--tp", default=None, help="tensor-parallel degrees (default: 1,2,4,8)")
     plan.add_argument(
-        "--max-replicas", type=int, default=None, help="most replicas per configuration (16)"
+        "--gpus",
+        metavar="GPU,GPU,...",
+        default=None,
+        help="GPU types (default: H100,A100-80GB,L40S)",
+    )
+    plan.add_argument(
+        "--tp", metavar="N,N,...", default=None, help="tensor-parallel degrees (default: 1,2,4,8)"
+    )
+    plan.add_argument(
+        "--max-replicas",
+        metavar="N",
+        type=int,
+        default=None,
+        help="most replicas per configuration (default: 16)",
     )
     for flag, metric in TARGET_FLAGS.items():
         plan.add_argument(
