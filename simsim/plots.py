@@ -86,6 +86,7 @@ __all__ = [
     "draw_gantt",
     "draw_iterations",
     "draw_latency_cdf",
+    "draw_plan",
     "draw_replica_load",
     "draw_sweep_latency",
     "draw_sweep_throughput",
@@ -939,6 +940,85 @@ def _sweep_legend(fig: Figure, ax: Axes) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(handles)))
+
+
+PLAN_COLORS: Final = {
+    "meets": "#2ca02c",
+    "misses": "#ff7f0e",
+    "overloaded": "#d62728",
+    "does not fit": "0.55",
+    "invalid tp": "0.75",
+}
+"""The colour of each verdict of a capacity plan's table in :func:`draw_plan`."""
+
+
+def draw_plan(table: pd.DataFrame) -> Figure:
+    """What :func:`simsim.sweeps.plan_capacity` tried: one column per (GPU, tp) pair, each
+    run a dot at its $/hour coloured by its verdict and labelled with its replica count;
+    pairs never run (does not fit, invalid tp) a cross at the bottom; the answer starred."""
+    pairs = list(dict.fromkeys(zip(table["gpu"], table["tp"], strict=True)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(pairs) + 2), 4.8), layout="constrained")
+    costs = table["usd_per_hour"].dropna()
+    floor = float(costs.min()) / 2 if len(costs) else 1.0
+    for position, (gpu, tp) in enumerate(pairs):
+        rows = table[(table["gpu"] == gpu) & (table["tp"] == tp)]
+        for row in rows.to_dict("records"):
+            color = PLAN_COLORS.get(row["verdict"], "black")
+            if pd.isna(row["replicas"]):
+                ax.scatter([position], [floor], marker="x", color=color, s=60)
+                continue
+            ax.scatter([position], [row["usd_per_hour"]], color=color, s=40, zorder=3)
+            ax.annotate(
+                f"{row['replicas']}",
+                (position, row["usd_per_hour"]),
+                xytext=(6, -3),
+                textcoords="offset points",
+                fontsize=8,
+            )
+            if row["best"]:
+                ax.scatter(
+                    [position],
+                    [row["usd_per_hour"]],
+                    marker="*",
+                    s=260,
+                    zorder=4,
+                    facecolor="none",
+                    edgecolor="black",
+                )
+    ax.set_xticks(range(len(pairs)), [f"{gpu}\ntp={tp}" for gpu, tp in pairs], fontsize=8)
+    ax.set_xlim(-0.6, len(pairs) - 0.4)
+    if len(costs) and float(costs.max()) > 20 * float(costs.min()):
+        ax.set_yscale("log")
+    ax.set_ylabel("$ per hour (GPUs x price per GPU-hour)")
+    fig.suptitle(f"Configurations tried, labelled with their replicas ({SIMULATED_NOTE})")
+    present = [v for v in PLAN_COLORS if v in set(table["verdict"])]
+    handles: list[Line2D] = [
+        Line2D(
+            [],
+            [],
+            linestyle="",
+            color=PLAN_COLORS[v],
+            marker="x" if v in ("does not fit", "invalid tp") else "o",
+            label=v,
+        )
+        for v in present
+    ]
+    if table["best"].any():
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="",
+                marker="*",
+                markersize=12,
+                markerfacecolor="none",
+                markeredgecolor="black",
+                label="cheapest that meets the targets",
+            )
+        )
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    return fig
 
 
 def plot_sweep(results_dir: Path, out_dir: Path | None = None) -> list[Path]:

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from simsim.cli import calibrate, compare, plot, replay, run, serve, sweep, validate
+from simsim.cli import calibrate, compare, plan, plot, replay, run, serve, sweep, validate
 from simsim.cli.parser import build_parser, check_usage
 from simsim.cli.usage import UsageError
 from simsim.scenario import ScenarioError, ScenarioMemoryError, lost_allocation
@@ -23,6 +23,7 @@ COMMANDS: Mapping[str, Callable[[argparse.Namespace], int]] = {
     "calibrate": calibrate.execute,
     "plot": plot.execute,
     "compare": compare.execute,
+    "plan": plan.execute,
 }
 """Each command's name on the command line -> the function that carries it out, which
 returns the exit status (docs/user-guide.md lists them)."""

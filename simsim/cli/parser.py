@@ -8,6 +8,16 @@ from typing import Any
 from simsim import __version__
 from simsim.run_folder import FORMATS
 
+DEFAULT_DURATION_S = 60.0
+"""Seconds of arrivals ``simsim plan`` simulates without ``--duration``."""
+
+# The shorthand flags: flag -> the target metric it sets.
+TARGET_FLAGS = {
+    "ttft_p99": "ttft_p99_ms",
+    "itl_p99": "itl_p99_ms",
+    "e2e_p99": "e2e_p99_ms",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``simsim`` argument parser: one subcommand per entry of the command table."""
@@ -41,16 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("sweep_file", metavar="SWEEP.toml", help="a sweep file (docs/sweeps.md)")
     sweep.add_argument("--out", required=True, help="results folder; rerun to resume")
-    where = sweep.add_mutually_exclusive_group()
-    where.add_argument(
-        "--workers", type=int, default=None, help="local worker processes (default: one per CPU)"
-    )
-    where.add_argument(
-        "--dask",
-        metavar="ADDRESS",
-        default=None,
-        help="run on a Dask cluster at ADDRESS (needs simsim[dask]); 'local' starts one here",
-    )
+    add_executor_arguments(sweep)
 
     serve = commands.add_parser(
         "serve",
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_parser(commands)
     add_calibrate_parser(commands)
+    add_plan_parser(commands)
 
     plot = commands.add_parser("plot", help="draw PNG figures from a results folder")
     plot.add_argument(
@@ -151,6 +153,105 @@ def check_usage(args: argparse.Namespace) -> None:
             f"--format {args.format} sets the format of --record's files, and --record is "
             "not given: add --record DIR, or leave --format out"
         )
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workers N`` or ``--dask ADDRESS``: where a command's many runs go."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--workers", type=int, default=None, help="local worker processes (default: one per CPU)"
+    )
+    where.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="run on a Dask cluster at ADDRESS (needs simsim[dask]); 'local' starts one here",
+    )
+
+
+def add_plan_parser(commands: Any) -> None:
+    """``simsim plan``'s arguments."""
+    plan = commands.add_parser(
+        "plan",
+        help="find the cheapest GPU type x tensor parallelism x replicas within SLO targets",
+        description="Simulate a workload on replicas of a vLLM-shaped server for every GPU "
+        "type and tensor-parallel degree given, find the fewest replicas that meet the "
+        "targets by bisection, and print what was tried, why each failed and the cheapest "
+        "configuration that passed (docs/gpu.md, 'How many GPUs: simsim plan').",
+    )
+    plan.add_argument(
+        "scenario",
+        nargs="?",
+        metavar="SCENARIO.toml",
+        help='a scenario file with engine = "vllm" (its model, settings and requests) and '
+        "an optional [plan] table, instead of --model and the workload flags",
+    )
+    plan.add_argument("--model", default=None, help="a preset's Hugging Face id or config.json")
+    plan.add_argument("--rate", type=float, default=None, help="requests per second")
+    plan.add_argument("--prompt", type=int, default=None, help="prompt tokens per request")
+    plan.add_argument("--output", type=int, default=None, help="output tokens per request")
+    plan.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help=f"seconds of arrivals to simulate (default: {DEFAULT_DURATION_S:g})",
+    )
+    plan.add_argument(
+        "--arrivals",
+        choices=("poisson", "fixed"),
+        default=None,
+        help="Poisson arrivals or one every 1/rate s (default: poisson)",
+    )
+    plan.add_argument(
+        "--gpus",
+        metavar="GPU,GPU,...",
+        default=None,
+        help="GPU types (default: H100,A100-80GB,L40S)",
+    )
+    plan.add_argument(
+        "--tp", metavar="N,N,...", default=None, help="tensor-parallel degrees (default: 1,2,4,8)"
+    )
+    plan.add_argument(
+        "--max-replicas",
+        metavar="N",
+        type=int,
+        default=None,
+        help="most replicas per configuration (default: 16)",
+    )
+    for flag, metric in TARGET_FLAGS.items():
+        plan.add_argument(
+            f"--{flag.replace('_', '-')}",
+            metavar="TIME",
+            default=None,
+            help=f"target for {metric.removesuffix('_ms')}, e.g. 2s or 100ms",
+        )
+    plan.add_argument(
+        "--target",
+        metavar="METRIC=TIME",
+        action="append",
+        default=[],
+        help="another target, e.g. e2e_p90=30s or ttft_mean=500ms (may be repeated)",
+    )
+    plan.add_argument(
+        "--price",
+        metavar="GPU=USD",
+        action="append",
+        default=[],
+        help="a GPU's price per GPU-hour instead of the preset's (may be repeated)",
+    )
+    plan.add_argument(
+        "--router",
+        default=None,
+        help="the router in front of the replicas (default: least_outstanding)",
+    )
+    plan.add_argument(
+        "--seed", type=int, default=None, help="workload seed (default: 0, or the file's)"
+    )
+    plan.add_argument("--table", metavar="CSV", default=None, help="also write the table here")
+    plan.add_argument(
+        "--plot", metavar="PNG", default=None, help="draw what was tried (needs simsim[plot])"
+    )
+    add_executor_arguments(plan)
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:

@@ -29,6 +29,7 @@ from simsim.results import (
 from simsim.scenario import (
     Scenario,
 )
+from simsim.sweeps.plan import CapacityPlan
 from simsim.sweeps.sweep import SweepResult
 from simsim.wording import counted
 
@@ -437,6 +438,45 @@ _SWEEP_COLUMNS: dict[str, tuple[str, Callable[[float], str]]] = {
     "e2e_latency_us_p99": ("e2e latency p99", duration),
     "throughput_tokens_per_s": ("tokens/s", lambda v: f"{v:,.1f}"),
 }
+
+
+def plan_report(plan: CapacityPlan) -> str:
+    """What ``simsim plan`` tried, why each configuration failed, and the answer."""
+    shown = pd.DataFrame(
+        {
+            "gpu": plan.table["gpu"],
+            "tp": plan.table["tp"],
+            "replicas": [number(v) for v in plan.table["replicas"]],
+            "GPUs": [number(v) for v in plan.table["gpus"]],
+            "$/hour": ["-" if pd.isna(v) else f"{v:,.2f}" for v in plan.table["usd_per_hour"]],
+        }
+    )
+    for metric in plan.targets:
+        shown[metric.removesuffix("_ms")] = [
+            "-" if pd.isna(v) else duration(1000 * v) for v in plan.table[metric]
+        ]
+    shown["verdict"] = [
+        f"{verdict} *" if best else verdict
+        for verdict, best in zip(plan.table["verdict"], plan.table["best"], strict=True)
+    ]
+    targets = ", ".join(
+        f"{name.removesuffix('_ms')} <= {duration(1000 * limit)}"
+        for name, limit in plan.targets.items()
+    )
+    # The reasons go last, left-aligned: they are sentences, not figures.
+    rows = shown.to_string(index=False).splitlines()
+    reasons = ["reason", *plan.table["reason"]]
+    lines = [
+        f"targets: {targets}",
+        *(f"{row}  {why}".rstrip() for row, why in zip(rows, reasons, strict=True)),
+    ]
+    if plan.best is None:
+        lines.append(
+            f"no configuration met the targets with at most {counted(plan.max_replicas, 'replica')}"
+        )
+    else:
+        lines.append(f"cheapest (*): {plan.best}")
+    return "\n".join(lines)
 
 
 def number(value: Any) -> str:

@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from simsim.cli.report import (
     sweep_report,
@@ -36,11 +36,9 @@ def execute(args: argparse.Namespace) -> int:
     spec = load_sweep(args.sweep_file)
     out = Path(args.out)
     with contextlib.ExitStack() as stack:
-        executor = None
-        if args.dask is not None:
-            executor = _dask_executor(args.dask, stack)
-            if executor is None:
-                return 2
+        executor = executor_for(args, stack)
+        if executor is False:
+            return 2
         output_folder(args.out)  # a file or an unmakeable folder exits 2 before any run
         kind = "capacity search" if spec.capacity else "sweep"
         try:
@@ -86,7 +84,18 @@ def execute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dask_executor(address: str, stack: contextlib.ExitStack) -> Executor | None:
+def executor_for(
+    args: argparse.Namespace, stack: contextlib.ExitStack
+) -> Executor | Literal[False] | None:
+    """The Dask executor ``--dask`` names, ``None`` for a local process pool (no
+    ``--dask``), or ``False`` when Dask cannot be had (the error is printed)."""
+    if args.dask is None:
+        return None
+    executor = dask_executor(args.dask, stack)
+    return False if executor is None else executor
+
+
+def dask_executor(address: str, stack: contextlib.ExitStack) -> Executor | None:
     """A Dask executor for *address* ('local' starts a cluster here), closed by *stack*."""
     try:
         # Imported by name: Dask is an optional extra, and untyped.

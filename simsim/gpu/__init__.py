@@ -2,7 +2,12 @@
 
 ``models`` reads a model's shape (a bundled preset or a local ``config.json``), ``gpus``
 holds GPU datasheet presets, ``memory`` sizes a replica's KV cache as vLLM does.
+``simsim.gpu.plan_capacity`` (:func:`simsim.sweeps.plan_capacity`, imported on first
+use: it runs sweeps, a layer above this one) finds the cheapest GPU type x tp x replicas
+within SLO targets.
 """
+
+from typing import Any
 
 from simsim.gpu.gpus import GPUS, GpuSpec, load_gpu
 from simsim.gpu.memory import (
@@ -30,3 +35,13 @@ __all__ = [
     "load_model",
     "memory_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The planner lives with the sweeps (it drives many runs); importing it here eagerly
+    # would import the scenario layer from the hardware facts below it.
+    if name in ("plan_capacity", "CapacityPlan", "PlannedDeployment"):
+        from simsim.sweeps import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'simsim.gpu' has no attribute {name!r}")

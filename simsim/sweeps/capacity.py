@@ -113,7 +113,7 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
             continue
         column, _, statistic = str(name).rpartition("_")
         if column not in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us") or not (
-            statistic == "mean" or _is_percentile(statistic)
+            statistic == "mean" or is_percentile(statistic)
         ):
             examples = [
                 *OCCUPANCY_TARGETS,
@@ -143,7 +143,8 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
     return checked, percentiles
 
 
-def _is_percentile(statistic: str) -> bool:
+def is_percentile(statistic: str) -> bool:
+    """Whether *statistic* names a percentile strictly between 0 and 100: ``p99``, ``p99.9``."""
     if not statistic.startswith("p"):
         return False
     try:
