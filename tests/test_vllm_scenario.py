@@ -447,7 +447,9 @@ def test_a_sweep_over_vllm_settings_reports_client_latencies() -> None:
     }
     result = simsim.sweep(document, {"vllm.tp": [1, 2]}, replications=1, workers=1)
     runs = result.runs.set_index("vllm.tp")
-    assert (runs["client_ttft_us_mean"] == runs["ttft_us_mean"] + 1000.0).all()
+    assert runs["client_ttft_us_mean"].tolist() == pytest.approx(
+        (runs["ttft_us_mean"] + 1000.0).tolist()
+    )
     # Two GPUs split the weights each step reads: decode steps are quicker.
     assert runs.loc[2, "tpot_us_mean"] < runs.loc[1, "tpot_us_mean"]
 
@@ -639,3 +641,15 @@ def test_vllm_config_refuses_bad_settings(
     arguments: dict[str, object] = {"model": LLAMA2, **kwargs}
     with pytest.raises(error, match=match):
         simsim.VllmConfig(**arguments)  # type: ignore[arg-type]
+
+
+def test_capacity_targets_take_the_client_latencies() -> None:
+    from simsim.sweeps.capacity import target_metrics
+
+    checked, percentiles = target_metrics(
+        {"client_ttft_us_p99": 2_000_000, "client_e2e_us_p95": 30_000_000}
+    )
+    assert checked == {"client_ttft_us_p99": 2_000_000.0, "client_e2e_us_p95": 30_000_000.0}
+    assert 95.0 in percentiles
+    with pytest.raises(ValueError, match="did you mean 'client_ttft_us_p99'"):
+        target_metrics({"client_ttft_p99": 1.0})

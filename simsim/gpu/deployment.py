@@ -26,7 +26,7 @@ from simsim.checks import check_positive_int
 from simsim.clock import Environment
 from simsim.cluster import Cluster
 from simsim.cluster.routers import ROUTERS, make_router
-from simsim.gpu.physics import client_latencies
+from simsim.gpu.physics import client_latencies, client_token_gaps_us
 from simsim.gpu.vllm import VllmConfig
 from simsim.overload import OverloadCheck, overload_check
 from simsim.results import DEFAULT_PERCENTILES, percentile_label
@@ -42,7 +42,6 @@ __all__ = [
     "Workload",
     "client_metrics",
     "metric_names",
-    "token_gaps_us",
 ]
 
 LATENCIES = ("ttft", "itl", "e2e")
@@ -108,7 +107,7 @@ class Deployment:
         return DeploymentRun(
             self,
             client_latencies(requests, overheads),
-            token_gaps_us(events) + overheads.per_output_token_us,
+            client_token_gaps_us(events, overheads),
             overload_check(requests),
         )
 
@@ -127,17 +126,6 @@ class DeploymentRun:
     def metrics(self, percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
         """:func:`client_metrics` of this run."""
         return client_metrics(self.requests, self.token_gaps_us, self.overload, percentiles)
-
-
-def token_gaps_us(events: pd.DataFrame) -> np.ndarray:
-    """The time between each output token and the request's previous one, from an
-    ``events_frame()`` (its ``DECODE_STEP_COMPLETE`` rows), as floats."""
-    tokens = events[events["event_type"] == "DECODE_STEP_COMPLETE"]
-    if tokens.empty:
-        return np.zeros(0)
-    ordered = tokens.sort_values(["request_id", "timestamp_us"], kind="stable")
-    gaps = ordered.groupby("request_id", sort=False)["timestamp_us"].diff().dropna()
-    return gaps.to_numpy(dtype="float64")
 
 
 def metric_names(percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[str]:

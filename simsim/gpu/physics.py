@@ -33,8 +33,9 @@ rounded once to integer microseconds (:func:`simsim.backend.round_us`).
 Three request-level terms are not GPU work and do not slow other requests: the time a
 request spends in vLLM's frontend before it is queued (``before_queue_us``: HTTP,
 tokenisation), per output token (``per_output_token_us``: detokenising and streaming) and at
-completion (``at_completion_us``). :class:`FrontendOverheads` holds them and
-:func:`client_latencies` adds them to a request table, in that one place.
+completion (``at_completion_us``). :class:`FrontendOverheads` holds them;
+:func:`client_latencies` adds them to a request table and :func:`client_token_gaps_us`
+to the gaps between tokens: the one place where a client's view is made.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from simsim.backend import round_us
 from simsim.checks import check_positive_int, check_real
@@ -61,6 +64,7 @@ __all__ = [
     "PhysicsCoefficients",
     "StepTerms",
     "client_latencies",
+    "client_token_gaps_us",
 ]
 
 
@@ -126,15 +130,16 @@ class FrontendOverheads:
 
 
 DEFAULT_COEFFICIENTS = PhysicsCoefficients(
-    memory_scale=1.0,
-    compute_scale=1.0,
-    allreduce_scale=1.0,
+    memory_scale=1.092,
+    compute_scale=2.975,
+    allreduce_scale=2.0,
     per_step_us=0.0,
-    per_layer_us=0.0,
-    per_sequence_us=0.0,
-    before_queue_us=0.0,
-    per_output_token_us=0.0,
-    at_completion_us=0.0,
+    per_layer_us=19.81,
+    per_sequence_us=23.55,
+    before_queue_us=22950.0,
+    per_output_token_us=906.8,
+    at_completion_us=2500.0,
+    allreduce_latency_us=21.71,
 )
 """The shipped coefficients, fitted once on ``../shared/vllm-reference/train.csv``."""
 
@@ -364,3 +369,15 @@ def client_latencies(requests: pd.DataFrame, overheads: FrontendOverheads) -> pd
         + overheads.at_completion_us
     )
     return finished
+
+
+def client_token_gaps_us(events: pd.DataFrame, overheads: FrontendOverheads) -> np.ndarray:
+    """Every gap between an output token and its request's previous one, as a client sees
+    it: from an ``events_frame()``'s ``DECODE_STEP_COMPLETE`` rows, plus
+    ``per_output_token_us`` each (microseconds, floats)."""
+    tokens = events[events["event_type"] == "DECODE_STEP_COMPLETE"]
+    if tokens.empty:
+        return np.zeros(0)
+    ordered = tokens.sort_values(["request_id", "timestamp_us"], kind="stable")
+    gaps = ordered.groupby("request_id", sort=False)["timestamp_us"].diff().dropna()
+    return gaps.to_numpy(dtype="float64") + overheads.per_output_token_us

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from simsim.checks import check_real, did_you_mean
-from simsim.results import DEFAULT_PERCENTILES, percentile_label
+from simsim.results import CLIENT_COLUMNS, DEFAULT_PERCENTILES, percentile_label
 from simsim.sweeps.grid import Case, SweepPoint, expand_grid
 from simsim.sweeps.runner import (
     Model,
@@ -85,11 +85,21 @@ latencies): a scenario's runs report them from its server's slots; a disaggregat
 cluster's also per pool (``prefill_``, ``decode_``)."""
 
 
+_TARGET_COLUMNS = (
+    "queue_delay_us",
+    "ttft_us",
+    "e2e_latency_us",
+    "tpot_us",
+    *CLIENT_COLUMNS,
+)
+
+
 def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list[float]]:
     """Check *targets* (metric -> upper limit) and list the percentiles they need.
 
     A target names a metric of :func:`simsim.summarize`, e.g. ``ttft_us_p99``,
-    ``tpot_us_p90``, ``e2e_latency_us_p50`` or ``queue_delay_us_mean``; a percentile
+    ``tpot_us_p90``, ``e2e_latency_us_p50`` or ``queue_delay_us_mean``, or of a vLLM
+    server's client latencies, ``client_ttft_us_p99`` or ``client_e2e_us_p90``; a percentile
     that is not reported by default (``ttft_us_p95``) is added to the runs' summaries.
     It may also name an occupancy metric (:data:`OCCUPANCY_TARGETS`), which every run
     of a scenario reports (:func:`simsim.results.run_summary`).
@@ -112,21 +122,15 @@ def target_metrics(targets: Mapping[str, float]) -> tuple[dict[str, float], list
             checked[str(name)] = float(limit)
             continue
         column, _, statistic = str(name).rpartition("_")
-        if column not in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us") or not (
-            statistic == "mean" or is_percentile(statistic)
-        ):
+        if column not in _TARGET_COLUMNS or not (statistic == "mean" or is_percentile(statistic)):
             examples = [
                 *OCCUPANCY_TARGETS,
-                *(
-                    f"{c}_{t}"
-                    for c in ("queue_delay_us", "ttft_us", "e2e_latency_us", "tpot_us")
-                    for t in ("mean", "p50", "p90", "p99")
-                ),
+                *(f"{c}_{t}" for c in _TARGET_COLUMNS for t in ("mean", "p50", "p90", "p99")),
             ]
             raise ValueError(
                 f"targets: unknown metric {name!r}{did_you_mean(str(name), examples)}; "
                 "use <column>_<statistic> with column one "
-                "of queue_delay_us, ttft_us, e2e_latency_us, tpot_us and statistic 'mean' "
+                f"of {', '.join(_TARGET_COLUMNS)} and statistic 'mean' "
                 "or a percentile such as 'p99', or an occupancy metric: "
                 f"{', '.join(OCCUPANCY_TARGETS)}"
             )
