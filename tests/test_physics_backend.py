@@ -187,3 +187,15 @@ def test_bad_arguments_are_refused_naming_the_value() -> None:
         backend().prefill_us(-1, 1)
     with pytest.raises(TypeError, match="active_sequence_count"):
         backend().decode_step_us(1.5)  # type: ignore[arg-type]
+
+
+def test_names_are_read_and_tp_must_split_the_heads() -> None:
+    by_name = PhysicsBackend("meta-llama/Llama-3.1-8B-Instruct", "H100", 2)
+    by_spec = PhysicsBackend(
+        load_model("meta-llama/Llama-3.1-8B-Instruct"), load_gpu("H100-SXM"), 2
+    )
+    assert by_name.step_us((), (100,) * 8) == by_spec.step_us((), (100,) * 8)
+    with pytest.raises(ValueError, match="tp=3 does not divide .*32 attention heads"):
+        PhysicsBackend("meta-llama/Llama-3.1-8B-Instruct", "H100", 3)
+    with pytest.raises(ValueError, match="unknown GPU 'H10'"):
+        PhysicsBackend("meta-llama/Llama-3.1-8B-Instruct", "H10")

@@ -3,7 +3,7 @@
 :class:`PhysicsBackend` prices each step of a model on a GPU at a tensor-parallel degree
 from public facts only (the model's architecture, the GPU's datasheet), with a handful of
 coefficients fitted once on real vLLM measurements (:data:`DEFAULT_COEFFICIENTS`; the
-procedure is ``benchmarks/vllm_reference/fit.py``, documented in ``docs/gpu.md``).
+procedure is ``benchmarks/vllm_reference/fit.py``, documented in ``docs/predict.md``).
 
 For a step with prefilling sequences *i* (``new_i`` tokens computed now, ``cached_i``
 already in the KV cache) and decoding sequences *j* (``context_j`` tokens in the KV cache),
@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from simsim.backend import round_us
-from simsim.checks import check_positive_int, check_real
+from simsim.checks import check_real
 from simsim.clock import check_count
+from simsim.gpu.gpus import GpuSpec, load_gpu
+from simsim.gpu.memory import check_tensor_parallel
+from simsim.gpu.models import ModelSpec, load_model
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from simsim.gpu.gpus import GpuSpec
-    from simsim.gpu.models import ModelSpec
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",
@@ -164,7 +164,10 @@ class StepTerms(NamedTuple):
 class PhysicsBackend:
     """Prices steps of *model* on *gpu* at tensor-parallel degree *tp* (see the module docs).
 
-    It implements :class:`simsim.StepCostBackend`. ``prefill_us`` and ``decode_step_us``
+    *model* is a :class:`~simsim.gpu.models.ModelSpec` or what
+    :func:`~simsim.gpu.models.load_model` takes, *gpu* a :class:`~simsim.gpu.gpus.GpuSpec`
+    or a preset name; *tp* must split the model's heads (``ValueError`` otherwise). It
+    implements :class:`simsim.StepCostBackend`. ``prefill_us`` and ``decode_step_us``
     (for code that knows no context) price a prompt with nothing cached and decode steps
     of sequences with an empty context.
     """
@@ -191,13 +194,15 @@ class PhysicsBackend:
 
     def __init__(
         self,
-        model: ModelSpec,
-        gpu: GpuSpec,
+        model: ModelSpec | str,
+        gpu: GpuSpec | str,
         tp: int = 1,
         *,
         coefficients: PhysicsCoefficients | None = None,
     ) -> None:
-        tp = check_positive_int(tp, "tp")
+        model = model if isinstance(model, ModelSpec) else load_model(model)
+        gpu = gpu if isinstance(gpu, GpuSpec) else load_gpu(gpu)
+        tp = check_tensor_parallel(model, tp)
         if coefficients is None:
             coefficients = DEFAULT_COEFFICIENTS
         elif not isinstance(coefficients, PhysicsCoefficients):
