@@ -195,7 +195,7 @@ def test_names_are_read_and_tp_must_split_the_heads() -> None:
         load_model("meta-llama/Llama-3.1-8B-Instruct"), load_gpu("H100-SXM"), 2
     )
     assert by_name.step_us((), (100,) * 8) == by_spec.step_us((), (100,) * 8)
-    with pytest.raises(ValueError, match="tp=3 does not divide .*32 attention heads"):
+    with pytest.raises(ValueError, match=r"tp=3 does not divide .*32 attention heads"):
         PhysicsBackend("meta-llama/Llama-3.1-8B-Instruct", "H100", 3)
     with pytest.raises(ValueError, match="unknown GPU 'H10'"):
         PhysicsBackend("meta-llama/Llama-3.1-8B-Instruct", "H10")
