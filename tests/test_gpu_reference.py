@@ -9,13 +9,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from simsim.cli import main
 from simsim.gpu.reference import (
     INPUT_COLUMNS,
     METRICS,
     case_requests,
+    case_scenario,
     error_summary,
     prediction_errors,
     read_cases,
+    scenario_toml,
+    simulate_case,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -118,6 +122,7 @@ def test_runner_predicts_shortened_cases(tmp_path: Path) -> None:
             str(path),
             "--out",
             str(tmp_path / "out"),
+            "--scenarios",
         ],
         check=True,
         capture_output=True,
@@ -128,3 +133,20 @@ def test_runner_predicts_shortened_cases(tmp_path: Path) -> None:
     assert predictions["overloaded"].tolist() == [False, True]
     assert (predictions[list(METRICS)] > 0).all().all()
     assert not (tmp_path / "out/errors.csv").exists()  # no measured columns given
+    written = sorted(path.name for path in (tmp_path / "out/scenarios").iterdir())
+    assert written == ["case_158.toml", "case_160.toml"]
+    assert main(["validate", str(tmp_path / "out/scenarios/case_160.toml")]) == 0
+
+
+def test_every_row_is_a_scenario_file_with_the_same_requests(tmp_path: Path) -> None:
+    # A steady row, cut to 6 s so that the test stays quick.
+    (case,) = read_cases(row(158).assign(all_stage_durations_s="6"))
+    path = tmp_path / "case.toml"
+    path.write_text(scenario_toml(case_scenario(case)))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    ran = pd.read_csv(tmp_path / "out/requests.csv")
+    simulated = simulate_case(case)
+    columns = ["request_id", "arrival_time_us", "prompt_token_count", "finish_time_us"]
+    assert len(ran) == 36
+    assert ran[columns].values.tolist() == simulated[columns].values.tolist()
+    assert ran["client_e2e_us"].tolist() == pytest.approx(simulated["client_e2e_us"].tolist())

@@ -1,6 +1,10 @@
 """Predict real vLLM runs from their settings and compare with what was measured.
 
     python benchmarks/vllm_reference/run.py --cases CSV --out DIR [--coefficients JSON]
+        [--scenarios]
+
+With ``--scenarios``, each row is also written as a scenario file
+(``DIR/scenarios/case_<id>.toml``, ``engine = "vllm"``) that ``simsim run`` runs.
 
 *CSV* has ``train.csv``'s input columns (``../shared/vllm-reference/README.md``); its
 measured columns, if any, are never used for a prediction. Each experiment is simulated
@@ -24,10 +28,12 @@ import pandas as pd
 
 from simsim.gpu.physics import DEFAULT_COEFFICIENTS, PhysicsCoefficients
 from simsim.gpu.reference import (
+    case_scenario,
     error_summary,
     predict_cases,
     prediction_errors,
     read_cases,
+    scenario_toml,
 )
 
 
@@ -36,12 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", required=True, help="CSV with train.csv's input columns")
     parser.add_argument("--out", required=True, help="folder for the CSV files written")
     parser.add_argument("--coefficients", help="JSON file of PhysicsCoefficients fields")
+    parser.add_argument(
+        "--scenarios",
+        action="store_true",
+        help="also write each row as a scenario file, DIR/scenarios/case_<id>.toml",
+    )
     args = parser.parse_args(argv)
     coefficients = DEFAULT_COEFFICIENTS
     if args.coefficients:
         coefficients = PhysicsCoefficients(**json.loads(Path(args.coefficients).read_text()))
     table = pd.read_csv(args.cases)
     cases = read_cases(table)
+    if args.scenarios:
+        folder = Path(args.out) / "scenarios"
+        folder.mkdir(parents=True, exist_ok=True)
+        for case in cases:
+            text = scenario_toml(case_scenario(case))
+            (folder / f"case_{case.case_id}.toml").write_text(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -40,11 +40,13 @@ __all__ = [
     "ReferenceCase",
     "case_metrics",
     "case_requests",
+    "case_scenario",
     "case_workload",
     "error_summary",
     "predict_cases",
     "prediction_errors",
     "read_cases",
+    "scenario_toml",
     "simulate_case",
 ]
 
@@ -333,3 +335,65 @@ def error_summary(errors: pd.DataFrame, rows: Iterable[bool] | None = None) -> p
             }
         )
     return pd.DataFrame(table, columns=["metric", "median_ape_pct", "mean_ape_pct", "cases"])
+
+
+def case_scenario(case: ReferenceCase) -> dict[str, Any]:
+    """*case*'s experiment as a scenario document (a TOML file's tables as a dict; write it
+    with :func:`scenario_toml`): ``engine = "vllm"`` with the row's server settings, and
+    the row's workload under ``data = "shared_prefix"`` and staged arrivals with
+    inference-perf's random gaps, drawn from :data:`SEED`. Running it gives the requests
+    :func:`simulate_case` simulates."""
+    vllm: dict[str, Any] = {
+        "model": case.model,
+        "gpu": case.hardware,
+        "tp": case.tp,
+        "max_num_seqs": case.max_num_seqs,
+        "max_num_batched_tokens": case.max_num_batched_tokens,
+        "gpu_mem_util": case.gpu_mem_util,
+    }
+    if case.precision is not None:
+        vllm["precision"] = case.precision
+    stages = [
+        {"rate_per_s": rate, "duration_s": duration}
+        for rate, duration in zip(case.stage_rates_rps, case.stage_durations_s, strict=True)
+    ]
+    document: dict[str, Any] = {
+        "scenario": {"name": f"case {case.case_id}", "engine": "vllm", "seed": SEED},
+        "vllm": vllm,
+        "workload": {
+            "data": "shared_prefix",
+            "num_unique_system_prompts": case.num_unique_system_prompts,
+            "num_users_per_system_prompt": case.num_users_per_system_prompt,
+            "system_prompt_len": case.system_prompt_len,
+            "question_len": case.question_len,
+            "output_len": case.output_len,
+            "ignore_eos": True,
+            "arrivals": {"process": "staged", "stages": stages, "gaps": "exponential"},
+        },
+    }
+    if case.dp > 1:
+        document["cluster"] = {"replicas": case.dp, "router": "least_outstanding"}
+    return document
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def scenario_toml(document: dict[str, Any]) -> str:
+    """A scenario document of :func:`case_scenario` as TOML text (one table per key)."""
+    parts = []
+    for table, keys in document.items():
+        lines = [f"[{table}]"] + [f"{key} = {_toml_value(v)}" for key, v in keys.items()]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
