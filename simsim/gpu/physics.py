@@ -3,7 +3,7 @@
 :class:`PhysicsBackend` prices each step of a model on a GPU at a tensor-parallel degree
 from public facts only (the model's architecture, the GPU's datasheet), with a handful of
 coefficients fitted once on real vLLM measurements (:data:`DEFAULT_COEFFICIENTS`; the
-procedure is ``benchmarks/vllm_reference/fit.py``, documented in ``docs/gpu.md``).
+procedure is ``benchmarks/vllm_reference/fit.py``, documented in ``docs/predict.md``).
 
 For a step with prefilling sequences *i* (``new_i`` tokens computed now, ``cached_i``
 already in the KV cache) and decoding sequences *j* (``context_j`` tokens in the KV cache),
