@@ -154,6 +154,11 @@ def test_unknown_model_guesses() -> None:
         load_model("/nowhere/config.json")
 
 
+def test_a_folder_without_config_json_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ModelConfigError, match=r"model folder '.*' has no config.json$"):
+        load_model(str(tmp_path))
+
+
 def test_missing_or_bad_fields_are_one_line_naming_field_and_model(tmp_path: Path) -> None:
     config = dict(REFERENCE["meta-llama/Llama-2-7b-hf"])
     del config["hidden_size"]

@@ -150,3 +150,64 @@ def test_every_row_is_a_scenario_file_with_the_same_requests(tmp_path: Path) -> 
     assert len(ran) == 36
     assert ran[columns].values.tolist() == simulated[columns].values.tolist()
     assert ran["client_e2e_us"].tolist() == pytest.approx(simulated["client_e2e_us"].tolist())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"output_len": "abc"}, "case 154: output_len must be a whole number, got 'abc'"),
+        ({"tp": float("nan")}, "case 154: tp is empty; it must be a whole number"),
+        ({"max_num_seqs": 2.5}, "case 154: max_num_seqs must be a whole number, got 2.5"),
+        ({"model": "meta-llama/Llama-2-7b"}, "case 154: unknown model 'meta-llama/Llama-2-7b'"),
+        ({"hardware": "H1000"}, r"case 154: unknown GPU 'H1000' \(did you mean 'H100-SXM'"),
+        ({"tp": 3}, "case 154: tp=3 does not divide"),
+        ({"model": "meta-llama/Llama-2-70b-hf"}, "case 154: .* short by 57.7 GiB; try tp=2"),
+        ({"gpu_mem_util": 1.5}, r"case 154: gpu_mem_util must be in \(0, 1\]"),
+        ({"question_len": -5}, "case 154: "),
+        ({"case_id": float("nan")}, "row 1 of the cases: case_id is empty"),
+    ],
+)
+def test_a_bad_row_is_named_before_anything_runs(change: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_cases(row(154).assign(**change))
+
+
+def runner(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/vllm_reference/run.py"), *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_runner_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    cases = tmp_path / "cases.csv"
+    row(154).assign(tp=3).to_csv(cases, index=False)
+    done = runner("--cases", str(cases), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"run.py: error: --cases {cases}: case 154: tp=3 does not divide "
+        "meta-llama/Llama-2-7b-hf's 32 attention heads\n"
+    )
+    missing = runner("--cases", str(tmp_path / "none.csv"), "--out", str(tmp_path / "out"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "none.csv" in missing.stderr
+    typo = tmp_path / "coefficients.json"
+    typo.write_text('{"memroy_scale": 1.1}')
+    done = runner(
+        "--cases", str(cases), "--out", str(tmp_path / "out"), "--coefficients", str(typo)
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "memroy_scale" in done.stderr
+
+
+def test_runner_coefficients_may_name_only_some_fields(tmp_path: Path) -> None:
+    cases = tmp_path / "cases.csv"
+    row(158).assign(all_stage_durations_s="2", stage_duration_s=2).to_csv(cases, index=False)
+    some = tmp_path / "coefficients.json"
+    some.write_text('{"per_layer_us": 19.8}')
+    done = runner(
+        "--cases", str(cases), "--out", str(tmp_path / "out"), "--coefficients", str(some)
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out/predictions.csv").exists()

@@ -219,6 +219,13 @@ def test_targets_are_checked() -> None:
         ({"max_replicas": 0}, ValueError, "max_replicas"),
         ({"router": "least_outstandin"}, ValueError, "did you mean 'least_outstanding'"),
         ({"workers": 2, "executor": object()}, ValueError, "either an executor or"),
+        (
+            {"vllm": {"max_num_seq": 8}},
+            ValueError,
+            r"vllm\['max_num_seq'\]: not a VllmConfig setting \(did you mean 'max_num_seqs'",
+        ),
+        ({"vllm": {"tp": 2}}, ValueError, r"vllm\['tp'\]: the plan sets it"),
+        ({"vllm": {"gpu": "H100"}}, ValueError, r"vllm\['gpu'\]: the plan sets it"),
     ],
 )
 def test_bad_arguments_get_one_line(kwargs: dict[str, object], error: type, message: str) -> None:

@@ -10,15 +10,18 @@ With ``--scenarios``, each row is also written as a scenario file
 measured columns, if any, are never used for a prediction. Each experiment is simulated
 once (all its stages) with the shipped coefficients of the physics cost model (or those
 of ``--coefficients``, a JSON object of :class:`simsim.gpu.physics.PhysicsCoefficients`
-fields). Writes ``DIR/predictions.csv`` (``case_id``, the seven latency metrics,
-``overloaded``); where measured columns are present also ``DIR/errors.csv`` (signed
-percentage errors per case) and ``DIR/summary.csv`` (median and mean absolute percentage
-error per metric over the rows whose ``quality_flag`` is ``ok``), and prints the summary.
+fields; those it leaves out keep their shipped values). Writes ``DIR/predictions.csv``
+(``case_id``, the seven latency metrics, ``overloaded``); where measured columns are
+present also ``DIR/errors.csv`` (signed percentage errors per case) and
+``DIR/summary.csv`` (median and mean absolute percentage error per metric over the rows
+whose ``quality_flag`` is ``ok``), and prints the summary. Bad input is one line
+(``run.py: error: ...``, exit status 2) before anything is simulated.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simsim.gpu.physics import DEFAULT_COEFFICIENTS, PhysicsCoefficients
+from simsim.gpu.physics import DEFAULT_COEFFICIENTS
 from simsim.gpu.reference import (
     case_scenario,
     error_summary,
@@ -37,11 +40,19 @@ from simsim.gpu.reference import (
 )
 
 
+def _fail(message: str) -> int:
+    print(f"run.py: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", required=True, help="CSV with train.csv's input columns")
     parser.add_argument("--out", required=True, help="folder for the CSV files written")
-    parser.add_argument("--coefficients", help="JSON file of PhysicsCoefficients fields")
+    parser.add_argument(
+        "--coefficients",
+        help="JSON file of PhysicsCoefficients fields (others: the shipped values)",
+    )
     parser.add_argument(
         "--scenarios",
         action="store_true",
@@ -49,10 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     coefficients = DEFAULT_COEFFICIENTS
-    if args.coefficients:
-        coefficients = PhysicsCoefficients(**json.loads(Path(args.coefficients).read_text()))
-    table = pd.read_csv(args.cases)
-    cases = read_cases(table)
+    # Bad input is one line naming the file and the rule, before anything is simulated.
+    try:
+        if args.coefficients:
+            fields = json.loads(Path(args.coefficients).read_text())
+            coefficients = dataclasses.replace(DEFAULT_COEFFICIENTS, **fields)
+    except (OSError, ValueError, TypeError) as error:
+        return _fail(f"--coefficients {args.coefficients}: {error}")
+    try:
+        table = pd.read_csv(args.cases)
+        cases = read_cases(table)
+    except (OSError, ValueError) as error:
+        return _fail(f"--cases {args.cases}: {error}")
     if args.scenarios:
         folder = Path(args.out) / "scenarios"
         folder.mkdir(parents=True, exist_ok=True)

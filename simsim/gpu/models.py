@@ -375,6 +375,8 @@ def _load(source: str | os.PathLike[str]) -> ModelSpec:
     path = Path(text)
     if path.is_dir():
         path = path / "config.json"
+        if not path.is_file():
+            raise ModelConfigError(f"model folder {text!r} has no config.json")
     if path.is_file():
         try:
             config = json.loads(path.read_text(encoding="utf-8"))

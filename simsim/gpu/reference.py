@@ -157,6 +157,19 @@ def _numbers(text: object, name: str, case_id: object) -> tuple[float, ...]:
     return values
 
 
+def _integer(row: pd.Series, name: str, case_id: object) -> int:
+    value = _cell(row, name)
+    if value is None:
+        raise ValueError(f"case {case_id}: {name} is empty; it must be a whole number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number.is_integer():
+        raise ValueError(f"case {case_id}: {name} must be a whole number, got {value!r}")
+    return int(number)
+
+
 def _precision(text: object) -> str | None:
     """``FP8`` when the row's precision says so; otherwise the model's own."""
     if text is None:
@@ -165,21 +178,27 @@ def _precision(text: object) -> str | None:
 
 
 def read_cases(table: pd.DataFrame | str) -> list[ReferenceCase]:
-    """The cases of *table* (a frame or a CSV path with ``train.csv``'s input columns)."""
+    """The cases of *table* (a frame or a CSV path with ``train.csv``'s input columns).
+
+    Every row is checked before any is simulated: a value that is not what its column
+    holds, or a server that cannot be built (unknown model or GPU, a ``tp`` that does not
+    split the heads, a model that does not fit), is a ``ValueError`` naming the case."""
     frame = pd.read_csv(table) if isinstance(table, str) else table
     missing = [name for name in INPUT_COLUMNS if name not in frame.columns and name not in ("dp",)]
     if missing:
         raise ValueError(f"the cases lack the input column(s) {', '.join(missing)}")
     cases = []
-    for _, row in frame.iterrows():
-        case_id = row["case_id"]
+    for number, (_, row) in enumerate(frame.iterrows(), start=1):
+        case_id = _cell(row, "case_id")
+        if case_id is None or not str(case_id).strip():
+            raise ValueError(f"row {number} of the cases: case_id is empty")
         rates = _numbers(row["all_stage_rates_rps"], "all_stage_rates_rps", case_id)
         durations = _numbers(row["all_stage_durations_s"], "all_stage_durations_s", case_id)
         if len(rates) != len(durations):
             raise ValueError(
                 f"case {case_id}: {len(rates)} stage rates but {len(durations)} durations"
             )
-        stage = int(row["stage_index"])
+        stage = _integer(row, "stage_index", case_id)
         if not -1 <= stage < len(rates):
             raise ValueError(f"case {case_id}: stage_index {stage} is not -1 or a stage's index")
         util = _cell(row, "gpu_mem_util")
@@ -189,22 +208,27 @@ def read_cases(table: pd.DataFrame | str) -> list[ReferenceCase]:
                 case_id=str(case_id),
                 model=str(row["model"]),
                 hardware=str(row["hardware"]),
-                tp=int(row["tp"]),
-                dp=1 if dp is None else int(dp),
+                tp=_integer(row, "tp", case_id),
+                dp=1 if dp is None else _integer(row, "dp", case_id),
                 precision=_precision(_cell(row, "precision")),
-                max_num_batched_tokens=int(row["max_num_batched_tokens"]),
-                max_num_seqs=int(row["max_num_seqs"]),
+                max_num_batched_tokens=_integer(row, "max_num_batched_tokens", case_id),
+                max_num_seqs=_integer(row, "max_num_seqs", case_id),
                 gpu_mem_util=0.9 if util is None else float(util),
                 stage_index=stage,
                 stage_rates_rps=rates,
                 stage_durations_s=durations,
-                system_prompt_len=int(row["system_prompt_len"]),
-                question_len=int(row["question_len"]),
-                output_len=int(row["output_len"]),
-                num_unique_system_prompts=int(row["num_unique_system_prompts"]),
-                num_users_per_system_prompt=int(row["num_users_per_system_prompt"]),
+                system_prompt_len=_integer(row, "system_prompt_len", case_id),
+                question_len=_integer(row, "question_len", case_id),
+                output_len=_integer(row, "output_len", case_id),
+                num_unique_system_prompts=_integer(row, "num_unique_system_prompts", case_id),
+                num_users_per_system_prompt=_integer(row, "num_users_per_system_prompt", case_id),
             )
         )
+        try:
+            cases[-1].server()
+            case_workload(cases[-1])
+        except ValueError as error:
+            raise ValueError(f"case {case_id}: {error}") from None
     return cases
 
 

@@ -338,12 +338,36 @@ def _model_and_settings(
 ) -> tuple[ModelSpec, dict[str, Any]]:
     """The model, and the keyword settings every configuration's VllmConfig gets: a
     template config's (all but model, GPU and tp), then *vllm*'s."""
+    settings = _check_vllm_settings(vllm)
     if isinstance(model, VllmConfig):
         kept = {f.name: getattr(model, f.name) for f in fields(model)}
-        for name in ("model", "gpu", "tp"):
+        for name in _SEARCHED:
             del kept[name]
-        return model.model, {**kept, **(vllm or {})}
-    return (model if isinstance(model, ModelSpec) else load_model(model)), dict(vllm or {})
+        return model.model, {**kept, **settings}
+    return (model if isinstance(model, ModelSpec) else load_model(model)), settings
+
+
+# VllmConfig's fields the plan sets itself: the model once, the GPU and tp per configuration.
+_SEARCHED = ("model", "gpu", "tp")
+
+
+def _check_vllm_settings(vllm: Mapping[str, Any] | None) -> dict[str, Any]:
+    """*vllm* as keyword settings of VllmConfig: a name the plan searches, or none of
+    VllmConfig's, is one ``ValueError`` naming it (before any configuration is built)."""
+    settings = dict(vllm or {})
+    allowed = [f.name for f in fields(VllmConfig) if f.name not in _SEARCHED]
+    for name in settings:
+        if name in _SEARCHED:
+            raise ValueError(
+                f"vllm[{name!r}]: the plan sets it (the model is its first argument, "
+                "the GPUs and tp are gpus= and tp=); leave it out of vllm"
+            )
+        if name not in allowed:
+            raise ValueError(
+                f"vllm[{name!r}]: not a VllmConfig setting{did_you_mean(name, allowed)}; "
+                f"known: {', '.join(allowed)}"
+            )
+    return settings
 
 
 def _check_gpus(gpus: object) -> list[GpuSpec]:
