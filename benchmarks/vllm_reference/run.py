@@ -31,6 +31,7 @@ import pandas as pd
 
 from simsim.gpu.physics import DEFAULT_COEFFICIENTS
 from simsim.gpu.reference import (
+    ReferenceCase,
     case_scenario,
     error_summary,
     predict_cases,
@@ -88,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         done.append(case)
         print(f"  experiment {len(done)}/{experiments}", file=sys.stderr, flush=True)
 
-    predictions = predict_cases(cases, coefficients, progress=progress)
+    def skipped(case: ReferenceCase, reason: str) -> None:
+        print(f"run.py: case {case.case_id} not predicted: {reason}", file=sys.stderr)
+
+    predictions = predict_cases(cases, coefficients, progress=progress, skipped=skipped)
     predictions.to_csv(out / "predictions.csv", index=False)
     elapsed = time.perf_counter() - started
     print(f"{len(cases)} cases, {experiments} experiments simulated in {elapsed:.1f} s")

@@ -27,6 +27,7 @@ import pandas as pd
 from simsim.backend import Backend
 from simsim.cluster import Cluster
 from simsim.engines.base import EngineBase
+from simsim.gpu.memory import DoesNotFitError
 from simsim.gpu.physics import PhysicsCoefficients, client_latencies
 from simsim.gpu.vllm import VllmConfig
 from simsim.request import RequestSpec
@@ -226,6 +227,11 @@ def read_cases(table: pd.DataFrame | str) -> list[ReferenceCase]:
         )
         try:
             cases[-1].server()
+        except DoesNotFitError:
+            pass  # a prediction, not bad input: predict_cases says so for its rows
+        except ValueError as error:
+            raise ValueError(f"case {case_id}: {error}") from None
+        try:
             case_workload(cases[-1])
         except ValueError as error:
             raise ValueError(f"case {case_id}: {error}") from None
@@ -305,19 +311,35 @@ def predict_cases(
     coefficients: PhysicsCoefficients | None = None,
     *,
     progress: Callable[[ReferenceCase], None] | None = None,
+    skipped: Callable[[ReferenceCase, str], None] | None = None,
 ) -> pd.DataFrame:
-    """One row of predicted metrics per case (:data:`METRICS`, ``overloaded``), in order."""
+    """One row of predicted metrics per case (:data:`METRICS`, ``overloaded``), in order.
+
+    A case whose server cannot run (the model does not fit in its GPUs' memory, as
+    :func:`~simsim.gpu.memory.memory_plan` sizes it, or a request needs more KV blocks
+    than a replica holds) gets NaN metrics instead of stopping the others; *skipped*,
+    if given, is called with each such case and the reason.
+    """
     from simsim.overload import overload_check
 
-    frames: dict[tuple[Any, ...], pd.DataFrame] = {}
+    frames: dict[tuple[Any, ...], pd.DataFrame | str] = {}
     rows = []
     for case in cases:
         key = case.experiment
         if key not in frames:
             if progress is not None:
                 progress(case)
-            frames[key] = simulate_case(case, coefficients)
+            try:
+                frames[key] = simulate_case(case, coefficients)
+            except ValueError as error:  # does not fit; a request larger than the cache
+                frames[key] = str(error)
         frame = frames[key]
+        if isinstance(frame, str):
+            if skipped is not None:
+                skipped(case, frame)
+            rows.append({"case_id": case.case_id, **dict.fromkeys(METRICS, math.nan)})
+            rows[-1]["overloaded"] = False
+            continue
         row = case_metrics(frame, case)
         low, high = case.stage_window_us()
         row["overloaded"] = bool(overload_check(frame, start_us=low, end_us=high).overloaded)
