@@ -309,6 +309,7 @@ def test_simsim_plan_says_when_nothing_fits(capsys: pytest.CaptureFixture[str]) 
     [
         (("--gpus", "H10"), "unknown GPU 'H10' (did you mean"),
         (("--tp", ""), "--tp: give a comma-separated list"),
+        (("--tp", "1,,2"), "--tp: give a comma-separated list with no empty entry, got '1,,2'"),
         (("--tp", "1,x"), "--tp: expected whole numbers, got 'x'"),
         (("--ttft-p99", "fast"), "--ttft-p99: expected a time such as 2s or 100ms, got 'fast'"),
         (("--ttft-p99", "0s"), "--ttft-p99: must be a time above zero"),

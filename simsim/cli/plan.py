@@ -187,9 +187,9 @@ def _workload(args: argparse.Namespace) -> OpenLoopWorkload:
 
 
 def _list(text: str, flag: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise UsageError(flag, f"give a comma-separated list, got {text!r}")
+    items = [item.strip() for item in text.split(",")]
+    if not any(items) or not all(items):
+        raise UsageError(flag, f"give a comma-separated list with no empty entry, got {text!r}")
     return items
 
 
