@@ -3,7 +3,7 @@
     python benchmarks/vllm_reference/fit.py --train ../shared/vllm-reference/train.csv \
         --out DIR [--iterations 4] [--workers 2] [--cv]
 
-What it does (``docs/predict.md``, "Fitting"):
+It needs SciPy (``pip install '.[test]'``). What it does (``docs/predict.md``, "Fitting"):
 
 1. Take the experiments of ``train.csv`` whose every row is ``quality_flag == ok`` (the
    overloaded runs are for checking that overload is recognised, not for fitting step
