@@ -63,6 +63,7 @@ __all__ = [
     "PhysicsBackend",
     "PhysicsCoefficients",
     "StepTerms",
+    "check_coefficients",
     "client_latencies",
     "client_token_gaps_us",
 ]
@@ -144,6 +145,18 @@ DEFAULT_COEFFICIENTS = PhysicsCoefficients(
 """The shipped coefficients, fitted once on ``../shared/vllm-reference/train.csv``."""
 
 
+def check_coefficients(coefficients: object) -> PhysicsCoefficients:
+    """*coefficients* if it is a :class:`PhysicsCoefficients`, the shipped ones for
+    ``None``, else ``TypeError``."""
+    if coefficients is None:
+        return DEFAULT_COEFFICIENTS
+    if not isinstance(coefficients, PhysicsCoefficients):
+        raise TypeError(
+            f"coefficients must be a PhysicsCoefficients, got {type(coefficients).__name__}"
+        )
+    return coefficients
+
+
 class StepTerms(NamedTuple):
     """One step's physical quantities before the coefficients (microseconds and counts).
 
@@ -203,12 +216,7 @@ class PhysicsBackend:
         model = model if isinstance(model, ModelSpec) else load_model(model)
         gpu = gpu if isinstance(gpu, GpuSpec) else load_gpu(gpu)
         tp = check_tensor_parallel(model, tp)
-        if coefficients is None:
-            coefficients = DEFAULT_COEFFICIENTS
-        elif not isinstance(coefficients, PhysicsCoefficients):
-            raise TypeError(
-                f"coefficients must be a PhysicsCoefficients, got {type(coefficients).__name__}"
-            )
+        coefficients = check_coefficients(coefficients)
         self._model = model
         self._gpu = gpu
         self._tp = tp

@@ -29,10 +29,10 @@ from simsim.gpu.gpus import GpuSpec, load_gpu
 from simsim.gpu.memory import MemoryPlan, memory_plan
 from simsim.gpu.models import ModelSpec, load_model
 from simsim.gpu.physics import (
-    DEFAULT_COEFFICIENTS,
     FrontendOverheads,
     PhysicsBackend,
     PhysicsCoefficients,
+    check_coefficients,
 )
 
 if TYPE_CHECKING:
@@ -95,12 +95,6 @@ class VllmConfig:
             raise TypeError(
                 f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}"
             )
-        if coefficients is None:
-            coefficients = DEFAULT_COEFFICIENTS
-        elif not isinstance(coefficients, PhysicsCoefficients):
-            raise TypeError(
-                f"coefficients must be a PhysicsCoefficients, got {type(coefficients).__name__}"
-            )
         values = {
             "model": spec,
             "gpu": chip,
@@ -110,7 +104,7 @@ class VllmConfig:
             "gpu_mem_util": float(util),
             "block_size": check_positive_int(block_size, "block_size"),
             "enable_prefix_caching": enable_prefix_caching,
-            "coefficients": coefficients,
+            "coefficients": check_coefficients(coefficients),
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
