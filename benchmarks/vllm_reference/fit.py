@@ -58,7 +58,6 @@ from simsim.gpu.reference import (
     prediction_errors,
     read_cases,
 )
-from simsim.overload import overload_check
 
 NAMES = [spec.name for spec in fields(PhysicsCoefficients)]
 # Bounds per coefficient, in PhysicsCoefficients' field order.
@@ -261,14 +260,7 @@ def fit(cases, measured, pool, iterations, start=START, log=print):
 
 
 def predictions_of(cases, runs) -> pd.DataFrame:
-    rows = []
-    for case in cases:
-        frame = runs[case.experiment]["frame"]
-        row = case_metrics(frame, case)
-        low, high = case.stage_window_us()
-        row["overloaded"] = overload_check(frame, start_us=low, end_us=high).overloaded
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([case_metrics(runs[case.experiment]["frame"], case) for case in cases])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,9 +27,12 @@ import pandas as pd
 from simsim.backend import Backend
 from simsim.cluster import Cluster
 from simsim.engines.base import EngineBase
+from simsim.gpu.deployment import client_metrics
 from simsim.gpu.memory import DoesNotFitError
+from simsim.gpu.models import load_model
 from simsim.gpu.physics import PhysicsCoefficients, client_latencies
 from simsim.gpu.vllm import VllmConfig
+from simsim.overload import overload_check
 from simsim.request import RequestSpec
 from simsim.workloads import Fixed, OpenLoopWorkload, SharedPrefixes
 from simsim.workloads.arrivals import Stage, StagedArrivals
@@ -120,8 +123,6 @@ class ReferenceCase:
 
     def server(self, coefficients: PhysicsCoefficients | None = None) -> VllmConfig:
         """The vLLM replica this case ran (its precision: FP8 when the row says so)."""
-        from simsim.gpu.models import load_model
-
         model = load_model(self.model, precision=self.precision)
         return VllmConfig(
             model,
@@ -290,20 +291,24 @@ def simulate_case(
 
 
 def case_metrics(frame: pd.DataFrame, case: ReferenceCase) -> dict[str, Any]:
-    """*case*'s predicted metrics from its experiment's *frame* (:func:`simulate_case`)."""
+    """*case*'s predicted row from its experiment's *frame* (:func:`simulate_case`): the
+    :data:`METRICS` of the requests that arrived during its stage (the client's latencies,
+    as :func:`simsim.gpu.deployment.client_metrics` measures them) and ``overloaded``, the
+    overload check of that window."""
     low, high = case.stage_window_us()
     arrived = frame["arrival_time_us"]
     rows = frame[(arrived >= low) & (arrived < high)]
-    ttft = rows["client_ttft_us"].to_numpy(float) / 1e3
-    e2e = rows["client_e2e_us"].to_numpy(float) / 1e3
+    overload = overload_check(frame, start_us=low, end_us=high)
+    figures = client_metrics(rows, np.zeros(0), overload, (90.0, 99.0))
+    # The CSV's ITL, (e2e_mean - ttft_mean) / (mean output tokens - 1), never over 0.
     tokens = rows["generated_token_count"].to_numpy(float)
-    out: dict[str, Any] = {"case_id": case.case_id}
-    for name, values in (("e2e", e2e), ("ttft", ttft)):
-        out[f"{name}_mean_ms"] = float(values.mean())
-        out[f"{name}_p90_ms"] = float(np.percentile(values, 90))
-        out[f"{name}_p99_ms"] = float(np.percentile(values, 99))
-    out["itl_mean_ms"] = (out["e2e_mean_ms"] - out["ttft_mean_ms"]) / max(tokens.mean() - 1, 1)
-    return out
+    itl = (figures["e2e_mean_ms"] - figures["ttft_mean_ms"]) / max(tokens.mean() - 1, 1)
+    return {
+        "case_id": case.case_id,
+        **{metric: figures[metric] for metric in METRICS if metric != "itl_mean_ms"},
+        "itl_mean_ms": itl,
+        "overloaded": bool(overload.overloaded),
+    }
 
 
 def predict_cases(
@@ -320,8 +325,6 @@ def predict_cases(
     than a replica holds) gets NaN metrics instead of stopping the others; *skipped*,
     if given, is called with each such case and the reason.
     """
-    from simsim.overload import overload_check
-
     frames: dict[tuple[Any, ...], pd.DataFrame | str] = {}
     rows = []
     for case in cases:
@@ -340,10 +343,7 @@ def predict_cases(
             rows.append({"case_id": case.case_id, **dict.fromkeys(METRICS, math.nan)})
             rows[-1]["overloaded"] = False
             continue
-        row = case_metrics(frame, case)
-        low, high = case.stage_window_us()
-        row["overloaded"] = bool(overload_check(frame, start_us=low, end_us=high).overloaded)
-        rows.append(row)
+        rows.append(case_metrics(frame, case))
     return pd.DataFrame(rows, columns=["case_id", *METRICS, "overloaded"])
 
 
