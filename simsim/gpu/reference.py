@@ -24,9 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simsim.backend import Backend
 from simsim.cluster import Cluster
-from simsim.engines.base import EngineBase
 from simsim.gpu.deployment import client_metrics
 from simsim.gpu.memory import DoesNotFitError
 from simsim.gpu.models import load_model
@@ -266,24 +264,16 @@ def case_requests(case: ReferenceCase, seed: int = SEED) -> tuple[RequestSpec, .
 
 
 def simulate_case(
-    case: ReferenceCase,
-    coefficients: PhysicsCoefficients | None = None,
-    *,
-    backend: Callable[[VllmConfig], Backend] | None = None,
+    case: ReferenceCase, coefficients: PhysicsCoefficients | None = None
 ) -> pd.DataFrame:
     """The requests frame of *case*'s whole experiment (every stage), as a client sees it
     (``client_ttft_us``, ``client_e2e_us``), with ``dp`` replicas behind a least-outstanding
-    router when ``dp > 1``. *backend*, given the replica's settings, makes each replica's
-    backend instead of the physics one (the fitting procedure records steps with it)."""
+    router when ``dp > 1``."""
     config = case.server(coefficients)
-
-    def replica() -> EngineBase:
-        return config.engine(backend=None if backend is None else backend(config))
-
     if case.dp == 1:
-        server: Any = replica()
+        server: Any = config.engine()
     else:
-        server = Cluster([replica() for _ in range(case.dp)], "least_outstanding")
+        server = Cluster([config.engine() for _ in range(case.dp)], "least_outstanding")
     for spec in case_requests(case):
         server.submit(spec)
     server.run()
