@@ -16,15 +16,21 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from simsim.checks import check_real, overflow
 from simsim.clock import MAX_TIME_US, check_count
 from simsim.registry import Registry
 
+IntArray: TypeAlias = npt.NDArray[np.int64]
+
 __all__ = [
     "BACKENDS",
     "Backend",
+    "DecodeStepsBackend",
     "FittedBackend",
     "FittedBackendConfig",
     "SimulatedBackend",
@@ -34,6 +40,7 @@ __all__ = [
     "iteration_cost_us",
     "register_backend",
     "round_us",
+    "rounded_us",
 ]
 
 
@@ -65,6 +72,25 @@ class StepCostBackend(Backend, Protocol):
         """Duration of one step: *prefills* holds ``(new_tokens, cached_tokens)`` per
         prefilling sequence (tokens computed now, tokens already in its KV cache),
         *decodes* the context (tokens in its KV cache) of each decoding sequence."""
+        ...
+
+
+@runtime_checkable
+class DecodeStepsBackend(StepCostBackend, Protocol):
+    """A :class:`StepCostBackend` that also prices a run of decode-only steps at once.
+
+    ``decode_steps_us(count, context_sums)`` returns, for each entry of the int64 array
+    *context_sums*, exactly what ``step_us((), decodes)`` returns for ``count`` decoding
+    sequences whose contexts sum to it (an int64 array of the same length), or ``None``
+    if it cannot. :class:`~simsim.BatchingEngine` uses it, when the class that defines
+    ``step_us`` also defines it, to advance through a stretch of decode iterations in one
+    event (``docs/batching.md``, "Stretches"); :class:`FittedBackend` and
+    :class:`~simsim.gpu.PhysicsBackend` implement it. A step must then depend on the
+    decodes only through their count and the sum of their contexts.
+    """
+
+    def decode_steps_us(self, count: int, context_sums: npt.NDArray[np.int64]) -> IntArray | None:
+        """The durations of decode-only steps of *count* sequences, one per context sum."""
         ...
 
 
@@ -232,6 +258,17 @@ def round_us(value: float, what: str = "a duration") -> int:
     return math.floor(value + 0.5)
 
 
+def rounded_us(values: npt.NDArray[np.floating[Any]]) -> IntArray | None:
+    """:func:`round_us` for an array of durations: ``floor(value + 0.5)`` each, as int64;
+    ``None`` if any is NaN or near ``2**63`` (past ``2**62``, where a float no longer
+    tells the limit apart): the caller then prices one by one, which raises where an
+    error belongs."""
+    if not bool((values < 2.0**62).all()):
+        return None
+    rounded: IntArray = np.floor(values + 0.5).astype(np.int64)
+    return rounded
+
+
 @dataclass(frozen=True, slots=True)
 class FittedBackendConfig:
     """Coefficients of the fitted cost model: finite, non-negative microseconds (floats).
@@ -326,6 +363,18 @@ class FittedBackend:
                 + c.decode_per_context_token_us * sum(decodes)
             )
         return round_us(total, "step_us")
+
+    def decode_steps_us(self, count: int, context_sums: npt.NDArray[np.int64]) -> IntArray | None:
+        """Many decode-only steps at once: for each entry of *context_sums*, what
+        ``step_us((), decodes)`` gives for *count* decoding sequences whose contexts sum
+        to it, with the same floating-point operations in the same order (so the same
+        rounding). ``None`` when a step would pass ``2**63 - 1``: the engine then prices
+        step by step, which raises at the right step. See :class:`DecodeStepsBackend`.
+        """
+        c = self._config
+        fixed = c.decode_base_us + c.decode_per_sequence_us * count
+        totals = 0.0 + (fixed + c.decode_per_context_token_us * context_sums)
+        return rounded_us(totals)
 
     def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
         """A prefill of *prompt_token_count* tokens (one sequence, nothing cached)."""

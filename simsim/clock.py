@@ -165,6 +165,7 @@ class Environment(simpy.Environment):
         super().__init__(start)
         self._now: int = start
         self._processing = False
+        self._stepping = False
         # Heap keys for the run() machinery (negative, so never equal to a sequence).
         self._aside = count(-1, -1)
         # The time at which run(until=...) last stopped, before any event of that time;
@@ -328,7 +329,19 @@ class Environment(simpy.Environment):
             self._now, _, _, event = heappop(self._queue)  # type: ignore[assignment]
         except IndexError:
             raise EmptySchedule from None
-        self._process(event)
+        self._stepping = True
+        try:
+            self._process(event)
+        finally:
+            self._stepping = False
+
+    @property
+    def stepping(self) -> bool:
+        """``True`` while :meth:`step` processes an event: someone (a user, or an engine's
+        ``run_next_timestamp()``) is going through the heap one event at a time and may
+        look at the model after each. Engines that would advance through several steps
+        of their own work in one event do not while stepping."""
+        return self._stepping
 
     def drain(self) -> None:
         """Process events until the heap is empty: ``step()`` in a loop, without the
@@ -431,9 +444,19 @@ class ScheduledEvent(Event):
     (an iteration, a transfer): one object, one heap entry, no process.
     """
 
-    def __init__(self, env: Environment, callback: Callable[[Event], None], at_us: int) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        callback: Callable[[Event], None],
+        at_us: int,
+        sequence: int | None = None,
+    ) -> None:
         self.env = env
         self.callbacks = [callback]
         self._ok = True
         self._value = None
-        self.sequence = env.schedule_at(self, at_us)
+        if sequence is None:
+            self.sequence = env.schedule_at(self, at_us)
+        else:  # a number set aside earlier (Environment.reserve_sequences)
+            env.schedule_numbered(self, at_us, sequence)
+            self.sequence = sequence

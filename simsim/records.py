@@ -15,6 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Generic, TypeVar, overload
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = [
     "ITERATION_COLUMNS",
     "AdmissionLog",
@@ -22,6 +25,7 @@ __all__ = [
     "EventLog",
     "EventRecord",
     "EventType",
+    "IterationLog",
     "IterationRecord",
     "RecordView",
 ]
@@ -224,3 +228,51 @@ class AdmissionLog:
         """A snapshot of the log as a sequence of :class:`AdmissionRecord`."""
         columns = (self.timestamps, self.request_ids, self.epochs)
         return RecordView(columns, len(self.timestamps), AdmissionRecord)
+
+
+class IterationLog:
+    """The columnar iteration log: one row per launched iteration, in the order they
+    ended or were abandoned, with :class:`IterationRecord`'s fields as columns.
+
+    Rows come one at a time (:meth:`append`) or, for a stretch of iterations priced at
+    once, as whole columns (:meth:`extend`); :class:`IterationRecord` objects are made
+    only when a reader asks for them (:meth:`records`).
+    """
+
+    __slots__ = ("columns",)
+
+    def __init__(self) -> None:
+        self.columns: tuple[array[int], ...] = tuple(
+            array("b") if name == "abandoned" else array("q") for name in _ITERATION_FIELDS
+        )
+
+    def append(self, record: IterationRecord) -> None:
+        """Add one iteration's record."""
+        for column, name in zip(self.columns, _ITERATION_FIELDS, strict=True):
+            column.append(getattr(record, name))
+
+    def extend(self, rows: Sequence[npt.NDArray[np.integer]]) -> None:
+        """Add several rows given as one NumPy array per field, in
+        :class:`IterationRecord`'s field order (all of one length)."""
+        for column, values in zip(self.columns, rows, strict=True):
+            column.frombytes(np.asarray(values, dtype=column.typecode).tobytes())
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def column(self, name: str) -> array[int]:
+        """The values of the field *name*, one per row."""
+        return self.columns[_ITERATION_FIELDS.index(name)]
+
+    def records(self) -> tuple[IterationRecord, ...]:
+        """Every row as an :class:`IterationRecord`."""
+        abandoned = _ITERATION_FIELDS.index("abandoned")
+        rows = []
+        for values in zip(*self.columns, strict=True):
+            row = list(values)
+            row[abandoned] = bool(row[abandoned])
+            rows.append(IterationRecord(*row))
+        return tuple(rows)
+
+
+_ITERATION_FIELDS = tuple(spec.name for spec in fields(IterationRecord))

@@ -30,7 +30,7 @@ from simsim.admission import REJECTION_REASONS
 from simsim.checks import check_positive_int, check_real, check_weight
 from simsim.clock import check_count, check_time_us
 from simsim.overload import overload_check
-from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType
+from simsim.records import ITERATION_COLUMNS, AdmissionLog, EventLog, EventType, IterationLog
 from simsim.request import METADATA_COLUMNS as METADATA_COLUMN_DTYPES
 from simsim.request import Request, RequestState
 
@@ -180,7 +180,7 @@ def events_frame(log: EventLog) -> pd.DataFrame:
     )
 
 
-def iterations_frame(records: Sequence[Any]) -> pd.DataFrame:
+def iterations_frame(records: Sequence[Any] | IterationLog) -> pd.DataFrame:
     """One row per batching iteration (see :class:`simsim.IterationRecord`).
 
     ``start_us`` and ``end_us`` are ``Int64``; an engine with no iterations gives an
@@ -188,10 +188,16 @@ def iterations_frame(records: Sequence[Any]) -> pd.DataFrame:
     """
     columns: dict[str, Any] = {}
     for name in ITERATION_COLUMNS:
-        values = [getattr(record, name) for record in records]
+        if isinstance(records, IterationLog):
+            values: Any = np.frombuffer(records.column(name), dtype=_COLUMN_DTYPES[name])
+        else:
+            values = [getattr(record, name) for record in records]
         dtype = "bool" if name == "abandoned" else ("Int64" if name.endswith("_us") else "int64")
         columns[name] = pd.Series(values, dtype=dtype)
     return pd.DataFrame(columns)
+
+
+_COLUMN_DTYPES = {name: "int8" if name == "abandoned" else "int64" for name in ITERATION_COLUMNS}
 
 
 def admissions_frame(log: AdmissionLog) -> pd.DataFrame:

@@ -49,6 +49,21 @@ def examples(quick: int) -> int:
     return quick * EXHAUSTIVE_FACTOR if EXHAUSTIVE else quick
 
 
+def property_settings(quick: int) -> Any:
+    """Settings for a property test of *quick* examples (:func:`examples`): no deadline,
+    derandomized, no example database, and no health check about slow or big data."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples(quick),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 def load_script(path: Path, name: str | None = None) -> ModuleType:
     """Import the script at *path* (not on ``sys.path``) as a fresh module and return it.
 

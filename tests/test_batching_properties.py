@@ -30,8 +30,8 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import examples, request_table
-from hypothesis import HealthCheck, given, settings
+from helpers import property_settings, request_table
+from hypothesis import given
 from hypothesis import strategies as st
 
 import simsim
@@ -55,15 +55,7 @@ CANCEL_ACTIVE = -1
 MAX_CALLS = 20_000
 
 
-def _settings(quick: int) -> settings:
-    return settings(
-        max_examples=examples(quick),
-        deadline=None,
-        derandomize=True,
-        database=None,
-        print_blob=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+_settings = property_settings
 
 
 # ---------------------------------------------------------------------------- workloads

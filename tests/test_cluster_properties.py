@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-from helpers import examples
-from hypothesis import HealthCheck, given, settings
+from helpers import property_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import simsim
@@ -43,18 +43,6 @@ BLOCK = 8
 KINDS = ("single", "fast", "batching", "batching_mixed")
 REFRESH_US = (0, 0, 700, 5_000)
 TERMINAL = {"FINISHED", "CANCELLED"}
-
-
-def property_settings(quick: int) -> settings:
-    """Derandomized, no deadline: *quick* examples, ten times more if exhaustive."""
-    return settings(
-        max_examples=examples(quick),
-        deadline=None,
-        derandomize=True,
-        database=None,
-        print_blob=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
 
 
 def build(kind: str, env: simsim.Environment) -> EngineBase:

@@ -26,6 +26,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from simsim.admission import AdmissionControl
 from simsim.backend import (
     Backend,
@@ -40,7 +43,7 @@ from simsim.engines.base import EngineBase, engine_work, positive_int, queued_re
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.engines.server import LoadFigures
 from simsim.errors import InvalidTransitionError, StaleEventError
-from simsim.records import EventType, IterationRecord
+from simsim.records import EventType, IterationLog, IterationRecord
 from simsim.registry import Registry
 from simsim.request import Request, RequestState
 from simsim.scheduler import AdmissionDecision, Scheduler
@@ -227,6 +230,50 @@ POLICIES.register(
 POLICIES.register("mixed", BatchingPolicy("mixed", _plan_mixed, needs_max_batch_tokens=True))
 
 
+_DecodeSteps = Callable[[int, int, npt.NDArray[np.int64]], npt.NDArray[np.int64] | None]
+"""Prices a stretch's decode iterations: ``(count, first cost, context sums) -> costs``
+(``None``: price them one by one)."""
+
+_MAX_STRETCH = 1 << 16
+"""The most iterations one stretch covers (a longer run is several stretches)."""
+
+
+def _defining_class(cls: type, name: str) -> type | None:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass
+    return None
+
+
+def _decode_steps_pricer(backend: Backend, iteration_us: object) -> _DecodeSteps | None:
+    """How a stretch of decode-only iterations of *backend* is priced at once, or
+    ``None`` when it must be priced iteration by iteration.
+
+    A backend whose ``step_us`` prices every step uses its ``decode_steps_us``
+    (:class:`~simsim.backend.DecodeStepsBackend`) if the class that defines ``step_us``
+    defines it too (a subclass that changes ``step_us`` alone is priced step by step).
+    :class:`~simsim.SimulatedBackend`'s own decode price is the same for every
+    iteration of a fixed batch. Any other backend is asked once per iteration, as it
+    may count its calls.
+    """
+    cls = type(backend)
+    if hasattr(cls, "step_us"):
+        owner = _defining_class(cls, "step_us")
+        steps = getattr(backend, "decode_steps_us", None)
+        if owner is None or owner is not _defining_class(cls, "decode_steps_us"):
+            return None
+        if not callable(steps):
+            return None
+        return lambda count, first, sums: steps(count, sums)
+    if (
+        iteration_us is None
+        and isinstance(backend, SimulatedBackend)
+        and _defining_class(cls, "decode_step_us") is SimulatedBackend
+    ):
+        return lambda count, first, sums: np.full(len(sums), first, dtype=np.int64)
+    return None
+
+
 class _IterationEvent(ScheduledEvent):
     """The end of one iteration: the engine's one event for the whole batch."""
 
@@ -239,8 +286,36 @@ class _TransferEnd(ScheduledEvent):
         super().__init__(env, callback, at_us)
 
 
+class _Stretch:
+    """Decode iterations run before an event's iteration, priced and numbered at once.
+
+    Iterations ``0 .. len(ends) - 2`` of the stretch happen inside it (their launches at
+    the previous ones' ends, with nobody else acting before the stretch's event); the
+    event ends iteration ``len(ends) - 1``, whose records are written as usual. Every
+    iteration numbers ``stride`` sequences as it would step by step: the boundary
+    before it, its end event, then its records; iteration *k* of the stretch has its
+    records from ``first_sequence + k * stride + 1``.
+    """
+
+    __slots__ = ("ends", "first_sequence", "kv_blocks_in_use", "start_us", "stride")
+
+    def __init__(
+        self,
+        start_us: int,
+        ends: npt.NDArray[np.int64],
+        first_sequence: int,
+        stride: int,
+        kv_blocks_in_use: npt.NDArray[np.int64],
+    ) -> None:
+        self.start_us = start_us
+        self.ends = ends  # every iteration's end, the event's last
+        self.first_sequence = first_sequence  # iteration 0's end event's number
+        self.stride = stride
+        self.kv_blocks_in_use = kv_blocks_in_use  # at each iteration's launch
+
+
 class _Iteration:
-    __slots__ = ("event", "next_sequence", "participants", "record")
+    __slots__ = ("event", "next_sequence", "participants", "record", "stretch")
 
     def __init__(
         self,
@@ -248,6 +323,7 @@ class _Iteration:
         participants: list[tuple[_Slot, int | None]],
         record: IterationRecord,
         first_sequence: int,
+        stretch: _Stretch | None = None,
     ) -> None:
         self.event = event
         self.participants = participants  # (slot, prefill chunk) or (slot, None) to decode
@@ -255,6 +331,8 @@ class _Iteration:
         # Sequence numbers set aside at launch for the records written at the end, so
         # that they sort before every event scheduled after the launch.
         self.next_sequence = first_sequence
+        # The decode iterations before this one that its event also ends (None: none).
+        self.stretch = stretch
 
 
 class BatchingEngine(EngineBase):
@@ -287,8 +365,11 @@ class BatchingEngine(EngineBase):
         env: Environment | None = None,
         admission: AdmissionControl | None = None,
         first_token_at_prefill: bool = False,
+        stretches: bool = True,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
+        if type(stretches) is not bool:
+            raise TypeError(f"stretches must be True or False, got {stretches!r}")
         if type(prefix_cache) is not bool:
             raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
         if type(first_token_at_prefill) is not bool:
@@ -332,7 +413,7 @@ class BatchingEngine(EngineBase):
         self._iteration: _Iteration | None = None
         self._ending: _Iteration | None = None  # the iteration whose records are written
         self._abandoned: set[_IterationEvent] = set()
-        self._iterations: list[IterationRecord] = []
+        self._iterations = IterationLog()
         # Disaggregation (simsim.cluster): a prefill replica hands each request over at
         # its prefill's end; a decode replica queues handed-over requests (ids in
         # _incoming) and moves their KV cache over a link once admitted.
@@ -363,6 +444,10 @@ class BatchingEngine(EngineBase):
             fitted = backend.config
             self._decode_floor_us = round_us(fitted.decode_base_us + fitted.decode_per_sequence_us)
             self._decode_floor_what = "decode_base_us + decode_per_sequence_us, rounded"
+        # How a stretch of decode iterations is priced at once (None: no stretches).
+        self._decode_steps = None
+        if stretches:
+            self._decode_steps = _decode_steps_pricer(backend, self._iteration_us)
 
     # ------------------------------------------------------------------ accessors
 
@@ -421,7 +506,7 @@ class BatchingEngine(EngineBase):
     def iteration_log(self) -> Sequence[IterationRecord]:
         """Every launched iteration, in the order they ended or were abandoned."""
         self._check_alive()
-        return tuple(self._iterations)
+        return self._iterations.records()
 
     def requests_frame(self) -> pd.DataFrame:
         """As on every engine; with a prefix cache, ``cached_prompt_tokens`` is appended:
@@ -444,7 +529,7 @@ class BatchingEngine(EngineBase):
 
         frame = iterations_frame(self._iterations)
         if self._pool is not None:
-            cached = [record.kv_blocks_cached for record in self._iterations]
+            cached = self._iterations.column("kv_blocks_cached")
             frame["kv_blocks_cached"] = pd.array(cached, dtype="int64")
         return frame
 
@@ -534,6 +619,8 @@ class BatchingEngine(EngineBase):
                 f"{now} us that the engine was not waiting for"
             )
         self._iteration = None
+        if iteration.stretch is not None:
+            self._end_stretch(iteration.stretch, iteration.participants)
         self._ending = iteration
         for slot, chunk in iteration.participants:
             if slot.left:
@@ -667,9 +754,208 @@ class BatchingEngine(EngineBase):
                 self._start_transfer(slot, now)
         if record is None:
             return  # every request in the batch waits for its KV cache
+        if self._decode_steps is not None and not admitted:
+            iteration = self._stretch(now, participants, record)
+            if iteration is not None:
+                self._iteration = iteration
+                return
         event = _IterationEvent(self._env, self._on_iteration_end, record.end_us)
         first = self._env.reserve_sequences(self._records_per_participant * len(participants))
         self._iteration = _Iteration(event, participants, record, first)
+
+    # ------------------------------------------------------------------ stretches
+
+    def _stretch(
+        self, now: int, participants: list[tuple[_Slot, int | None]], record: IterationRecord
+    ) -> _Iteration | None:
+        """Launch the decode iteration *record* and the ones after it as one stretch.
+
+        A stretch is possible when every request in the batch decodes, nobody can be
+        admitted, and nobody else can act before its event: its iterations' launches
+        all come before the heap's next event (an arrival, a foreign event, a stop of
+        ``env.run(until=...)``), before any request's last token, any watched token
+        (:meth:`token`), any KV block that a launch could not reserve (with a prefix
+        cache: any new block or name at all), and the engine is not being stepped
+        through (:attr:`Environment.stepping`). Its event then ends its last iteration;
+        the ones before are written out at once when it comes up
+        (:meth:`_end_stretch`), exactly as step by step. Returns the launched
+        iteration, or ``None`` (launch one iteration as usual).
+        """
+        env = self._env
+        slots = self._slots
+        count = len(slots)
+        if (
+            env.stepping
+            or not env.processing
+            or record.prefilling_count
+            or record.decoding_count != count
+            or len(participants) != count
+            or (len(self._scheduler) and count < self._max_active_requests)
+        ):
+            return None
+        first_end = record.end_us
+        horizon = env.next_event_time()
+        if horizon is not None and horizon <= first_end:
+            return None
+        # The most iterations before one of them must be the event's.
+        limit = _MAX_STRETCH
+        waiters = self._token_waiters
+        pool = self._pool
+        cache = self._kv_cache
+        contexts = 0
+        for slot in slots:
+            request = slot.request
+            generated = request.generated_token_count
+            limit = min(limit, request.max_output_tokens - generated)
+            if waiters:
+                watched = waiters.get(request.request_id)
+                if watched:
+                    limit = min(limit, min(watched) - generated)
+            contexts += slot.prefilled + slot.decoded
+            if pool is not None:
+                assert cache is not None and slot.table is not None
+                hashes = slot.request.block_hashes
+                if hashes and len(hashes) > len(slot.table.named):
+                    return None  # a decode step could name a block
+                cached = slot.target + slot.decoded
+                limit = min(limit, slot.blocks * cache.block_size_tokens - cached)
+        if limit < 2:
+            return None
+        ends = self._stretch_ends(count, record, contexts, limit, horizon)
+        if ends is None:
+            return None
+        size = len(ends)
+        if horizon is not None:
+            size = int(np.searchsorted(ends, horizon))  # ends before the horizon
+        size = min(size, limit)
+        in_use = np.full(size, record.kv_blocks_in_use, dtype=np.int64)
+        if cache is not None and pool is None and size > 1:
+            size, growth = self._stretch_blocks(size)
+            in_use = record.kv_blocks_in_use + growth[:size]
+        if size < 2:
+            return None
+        ends = ends[:size]
+        per = self._records_per_participant * count
+        stride = 2 + per  # the boundary before an iteration, its end event, its records
+        first = env.reserve_sequences((size - 1) * stride + 1 + per)
+        last = first + (size - 1) * stride
+        end = int(ends[-1])
+        event = _IterationEvent(env, self._on_iteration_end, end, last)
+        final = IterationRecord(
+            start_us=int(ends[-2]),
+            end_us=end,
+            prefill_tokens=0,
+            prefilling_count=0,
+            decoding_count=count,
+            abandoned=False,
+            batch_size=count,
+            kv_blocks_in_use=int(in_use[-1]),
+            kv_blocks_cached=record.kv_blocks_cached,
+        )
+        stretch = _Stretch(now, ends, first, stride, in_use)
+        return _Iteration(event, participants, final, last + 1, stretch)
+
+    def _stretch_ends(
+        self,
+        count: int,
+        record: IterationRecord,
+        contexts: int,
+        limit: int,
+        horizon: int | None,
+    ) -> npt.NDArray[np.int64] | None:
+        """The ends of up to *limit* decode iterations of the *count* requests in the
+        batch, the first being *record*, whose contexts sum to *contexts*: enough to pass
+        *horizon* (all *limit* when it is ``None``). ``None`` when the backend cannot
+        price them at once or an end could pass ``2**63 - 1`` (step by step then
+        raises where it belongs)."""
+        assert self._decode_steps is not None
+        first_end = record.end_us
+        first_cost = first_end - record.start_us
+        size = min(limit, 16)
+        while True:
+            steps = np.arange(1, size, dtype=np.int64)
+            costs = self._decode_steps(count, first_cost, contexts + count * steps)
+            if costs is None:
+                return None
+            if len(costs) and int(costs.max()) * len(costs) > MAX_TIME_US - first_end:
+                return None
+            ends = np.empty(size, dtype=np.int64)
+            ends[0] = first_end
+            np.cumsum(costs, out=ends[1:])
+            ends[1:] += first_end
+            if size >= limit or (horizon is not None and ends[-1] >= horizon):
+                return ends
+            size = min(limit, size * 4)
+
+    def _stretch_blocks(self, size: int) -> tuple[int, npt.NDArray[np.int64]]:
+        """How many of *size* stretch iterations can launch with the free KV blocks, and
+        the blocks the batch has taken by each launch (0 for the first, launched now).
+
+        Step by step, each launch reserves the block every decoding request's next
+        token needs (step 2); a launch that finds too few free blocks preempts, so the
+        stretch must end before it.
+        """
+        cache = self._kv_cache
+        assert cache is not None
+        slots = self._slots
+        cached = np.fromiter((slot.target + slot.decoded for slot in slots), np.int64, len(slots))
+        held = np.fromiter((slot.blocks for slot in slots), np.int64, len(slots))
+        steps = np.arange(size, dtype=np.int64)
+        block = cache.block_size_tokens
+        needed = -(-(cached[:, None] + steps[None, :] + 1) // block)
+        growth = np.maximum(needed - held[:, None], 0).sum(axis=0)
+        fits = int(np.searchsorted(growth, self._free_blocks, side="right"))
+        return min(size, fits), growth
+
+    def _end_stretch(self, stretch: _Stretch, participants: list[tuple[_Slot, int | None]]) -> None:
+        """Write out the stretch's iterations before its event's (all but the last):
+        every decoding request's tokens, their records and the iterations' rows, as
+        step by step; the KV blocks their launches reserved."""
+        ends = stretch.ends[:-1]
+        done = len(ends)
+        slots = [slot for slot, _ in participants]
+        count = len(slots)
+        log = self._event_log
+        ids = np.fromiter((slot.request.request_id for slot in slots), np.int64, count)
+        firsts = stretch.first_sequence + 1 + stretch.stride * np.arange(done, dtype=np.int64)
+        log.timestamps.frombytes(np.repeat(ends, count).tobytes())
+        log.sequences.frombytes((firsts[:, None] + np.arange(count)).tobytes())
+        log.types.frombytes(bytes((_DECODE,)) * (done * count))
+        log.request_ids.frombytes(np.tile(ids, done).tobytes())
+        starts = np.empty(done, dtype=np.int64)
+        starts[0] = stretch.start_us
+        starts[1:] = ends[:-1]
+        counts = np.full(done, count, dtype=np.int64)
+        zeros = np.zeros(done, dtype=np.int64)
+        cached = np.full(done, 0 if self._pool is None else self._pool.cached_blocks, np.int64)
+        self._iterations.extend(
+            (
+                starts,
+                ends,
+                zeros,
+                zeros,
+                counts,
+                zeros.astype(np.int8),
+                counts,
+                stretch.kv_blocks_in_use[:-1],
+                cached,
+            )
+        )
+        first_token = int(ends[0])
+        cache = self._kv_cache
+        for slot in slots:
+            request = slot.request
+            request.generated_token_count += done
+            slot.decoded += done
+            if request.first_token_time_us is None:
+                request.first_token_time_us = first_token
+            if cache is not None and self._pool is None:
+                # The reservation of the event's iteration's launch (step 2).
+                growth = cache.blocks_for(slot.target + slot.decoded + 1) - slot.blocks
+                if growth > 0:
+                    slot.blocks += growth
+                    self._free_blocks -= growth
+        self._processed_event_count += done
 
     def _reserve_decode_blocks(self, now: int) -> None:
         cache = self._kv_cache

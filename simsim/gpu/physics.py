@@ -46,8 +46,9 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
-from simsim.backend import round_us
+from simsim.backend import IntArray, round_us, rounded_us
 from simsim.checks import check_real
 from simsim.clock import check_count
 from simsim.gpu.gpus import GpuSpec, load_gpu
@@ -349,6 +350,42 @@ class PhysicsBackend:
             + c.per_sequence_us * sequences
         )
         return round_us(total, "step_us")
+
+    def decode_steps_us(self, count: int, context_sums: npt.NDArray[np.int64]) -> IntArray | None:
+        """Many decode-only steps at once: for each entry of *context_sums*, exactly what
+        :meth:`step_us` gives for *count* decoding sequences whose contexts sum to it
+        (:meth:`terms` and :meth:`step_us` written for an array, operation for
+        operation, so every step rounds alike); ``None`` if a step would pass
+        ``2**63 - 1``."""
+        if count == 0:
+            return np.zeros(len(context_sums), dtype=np.int64)
+        # terms((), decodes), with T = n = count
+        context = context_sums + count
+        attention = context.astype(np.float64)
+        weight_bytes = self._dense_weight_bytes
+        if self._experts:
+            share = self._experts_per_token / self._experts
+            touched = self._experts * (1.0 - (1.0 - share) ** count)
+            weight_bytes += touched * self._expert_bytes
+        memory_s = (weight_bytes + context * self._kv_bytes_per_token) * self._memory_s_per_byte
+        flops = (
+            self._linear_flops_per_token * count
+            + self._lm_head_flops * count
+            + self._attention_flops * attention
+        )
+        compute_s = flops * self._compute_s_per_flop
+        memory_us = memory_s * 1e6
+        compute_us = compute_s * 1e6
+        allreduce_us = self._allreduce_s_per_token * count * 1e6
+        # step_us
+        c = self._coefficients
+        totals = (
+            np.maximum(c.memory_scale * memory_us, c.compute_scale * compute_us)
+            + c.allreduce_scale * allreduce_us
+            + self._layer_us
+            + c.per_sequence_us * count
+        )
+        return rounded_us(totals)
 
     def prefill_us(self, prompt_token_count: int, active_batch_size: int) -> int:
         """A prefill of *prompt_token_count* tokens, one sequence with nothing cached."""
