@@ -192,6 +192,15 @@ class EventLog:
         self.types.append(event_type)
         self.request_ids.append(request_id)
 
+    def extend_tokens(self, timestamp_us: int, first_sequence: int, request_ids: list[int]) -> None:
+        """Add a ``DECODE_STEP_COMPLETE`` at *timestamp_us* for each of *request_ids*,
+        numbered from *first_sequence* on."""
+        count = len(request_ids)
+        self.timestamps.extend(array("q", (timestamp_us,)) * count)
+        self.sequences.extend(array("q", range(first_sequence, first_sequence + count)))
+        self.types.extend(array("b", (EventType.DECODE_STEP_COMPLETE,)) * count)
+        self.request_ids.extend(array("q", request_ids))
+
     def __len__(self) -> int:
         return len(self.timestamps)
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import simsim
 from simsim.backend import FittedBackend, FittedBackendConfig
 from simsim.gpu import PhysicsBackend
+from simsim.schedulers import ShortestJobFirstScheduler, ShortestPromptFirstScheduler
 
 _settings = property_settings
 
@@ -85,6 +86,7 @@ class Plan:
     kv_cache: simsim.KvCacheConfig | None
     prefix_cache: bool
     first_token_at_prefill: bool
+    scheduler: str  # "fcfs", "sjf" or "spf"
     requests: tuple[tuple[int, int, int, int, tuple[str, ...] | None], ...]
     late: tuple[tuple[int, int, int, int, int], ...]  # submit at, id, offset, prompt, output
     cancels: tuple[tuple[int, int], ...]  # (time, request id): from a process
@@ -150,6 +152,7 @@ def plans(draw: Any, *, cache_kind: str | None = None) -> Plan:
         kv_cache,
         kind == "prefix",
         draw(st.booleans()),
+        draw(st.sampled_from(["fcfs", "sjf", "spf"])),
         tuple(requests),
         tuple(late),
         cancels,
@@ -161,8 +164,14 @@ def plans(draw: Any, *, cache_kind: str | None = None) -> Plan:
 
 
 def _engine(plan: Plan, env: simsim.Environment, stretches: bool) -> simsim.BatchingEngine:
+    schedulers = {
+        "fcfs": simsim.FcfsScheduler,
+        "sjf": ShortestJobFirstScheduler,
+        "spf": ShortestPromptFirstScheduler,
+    }
     return simsim.BatchingEngine(
         plan.backend,
+        schedulers[plan.scheduler](),
         max_active_requests=plan.slots,
         max_batch_tokens=plan.max_batch_tokens,
         policy=plan.policy,

@@ -46,7 +46,14 @@ from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationLog, IterationRecord
 from simsim.registry import Registry
 from simsim.request import Request, RequestState
-from simsim.scheduler import AdmissionDecision, Scheduler
+from simsim.scheduler import AdmissionDecision, FcfsScheduler, Scheduler
+from simsim.schedulers import (
+    EarliestDeadlineFirstScheduler,
+    FairShareScheduler,
+    PriorityScheduler,
+    ShortestJobFirstScheduler,
+    ShortestPromptFirstScheduler,
+)
 from simsim.wording import counted
 
 if TYPE_CHECKING:
@@ -238,6 +245,20 @@ _MAX_STRETCH = 1 << 16
 """The most iterations one stretch covers (a longer run is several stretches)."""
 
 
+_TIMELESS_SCHEDULERS = frozenset(
+    {
+        FcfsScheduler,
+        EarliestDeadlineFirstScheduler,
+        FairShareScheduler,
+        PriorityScheduler,
+        ShortestJobFirstScheduler,
+        ShortestPromptFirstScheduler,
+    }
+)
+"""The built-in schedulers: their head depends on their queue alone, not on the time
+``decide`` is asked at (aging orders by a virtual arrival time)."""
+
+
 def _defining_class(cls: type, name: str) -> type | None:
     for klass in cls.__mro__:
         if name in vars(klass):
@@ -297,7 +318,14 @@ class _Stretch:
     records from ``first_sequence + k * stride + 1``.
     """
 
-    __slots__ = ("ends", "first_sequence", "kv_blocks_in_use", "start_us", "stride")
+    __slots__ = (
+        "ends",
+        "first_sequence",
+        "kv_blocks_cached",
+        "kv_blocks_in_use",
+        "start_us",
+        "stride",
+    )
 
     def __init__(
         self,
@@ -306,12 +334,14 @@ class _Stretch:
         first_sequence: int,
         stride: int,
         kv_blocks_in_use: npt.NDArray[np.int64],
+        kv_blocks_cached: npt.NDArray[np.int64],
     ) -> None:
         self.start_us = start_us
         self.ends = ends  # every iteration's end, the event's last
         self.first_sequence = first_sequence  # iteration 0's end event's number
         self.stride = stride
         self.kv_blocks_in_use = kv_blocks_in_use  # at each iteration's launch
+        self.kv_blocks_cached = kv_blocks_cached
 
 
 class _Iteration:
@@ -622,13 +652,45 @@ class BatchingEngine(EngineBase):
         if iteration.stretch is not None:
             self._end_stretch(iteration.stretch, iteration.participants)
         self._ending = iteration
+        # A decode that only adds a token (no first or last token, nobody watching, no
+        # block to name) is written here; its record waits in `tokens` (request ids,
+        # numbered from `first`) until another record must be written.
+        waiters = self._token_waiters
+        tokens: list[int] = []
+        first = 0
         for slot, chunk in iteration.participants:
             if slot.left:
                 continue  # cancelled during the iteration: its share is ignored
             if chunk is None:
+                request = slot.request
+                count = request.generated_token_count + 1
+                table = slot.table
+                if (
+                    count < request.max_output_tokens
+                    and request.first_token_time_us is not None
+                    and not waiters
+                    and (
+                        table is None
+                        or not request.block_hashes
+                        or len(request.block_hashes) <= len(table.named)
+                    )
+                ):
+                    request.generated_token_count = count
+                    slot.decoded += 1
+                    if not tokens:
+                        first = iteration.next_sequence
+                    tokens.append(request.request_id)
+                    iteration.next_sequence += 1
+                    continue
+            if tokens:
+                self._event_log.extend_tokens(now, first, tokens)
+                tokens = []
+            if chunk is None:
                 self._decoded(slot, now)
             else:
                 self._prefilled(slot, chunk, now)
+        if tokens:
+            self._event_log.extend_tokens(now, first, tokens)
         self._ending = None
         self._iterations.append(iteration.record)
         self._processed_event_count += 1
@@ -790,7 +852,11 @@ class BatchingEngine(EngineBase):
             or record.prefilling_count
             or record.decoding_count != count
             or len(participants) != count
-            or (len(self._scheduler) and count < self._max_active_requests)
+            or (
+                len(self._scheduler)
+                and count < self._max_active_requests
+                and not self._head_waits_for_memory(now)
+            )
         ):
             return None
         first_end = record.end_us
@@ -817,8 +883,6 @@ class BatchingEngine(EngineBase):
                 hashes = slot.request.block_hashes
                 if hashes and len(hashes) > len(slot.table.named):
                     return None  # a decode step could name a block
-                cached = slot.target + slot.decoded
-                limit = min(limit, slot.blocks * cache.block_size_tokens - cached)
         if limit < 2:
             return None
         ends = self._stretch_ends(count, record, contexts, limit, horizon)
@@ -829,9 +893,13 @@ class BatchingEngine(EngineBase):
             size = int(np.searchsorted(ends, horizon))  # ends before the horizon
         size = min(size, limit)
         in_use = np.full(size, record.kv_blocks_in_use, dtype=np.int64)
-        if cache is not None and pool is None and size > 1:
+        cached_blocks = np.full(size, record.kv_blocks_cached, dtype=np.int64)
+        if cache is not None and size > 1:
             size, growth = self._stretch_blocks(size)
             in_use = record.kv_blocks_in_use + growth[:size]
+            if pool is not None:  # free blocks first, then cached ones by eviction
+                free = pool.available_blocks - pool.cached_blocks
+                cached_blocks = record.kv_blocks_cached - np.maximum(growth[:size] - free, 0)
         if size < 2:
             return None
         ends = ends[:size]
@@ -850,9 +918,9 @@ class BatchingEngine(EngineBase):
             abandoned=False,
             batch_size=count,
             kv_blocks_in_use=int(in_use[-1]),
-            kv_blocks_cached=record.kv_blocks_cached,
+            kv_blocks_cached=int(cached_blocks[-1]),
         )
-        stretch = _Stretch(now, ends, first, stride, in_use)
+        stretch = _Stretch(now, ends, first, stride, in_use, cached_blocks)
         return _Iteration(event, participants, final, last + 1, stretch)
 
     def _stretch_ends(
@@ -904,8 +972,37 @@ class BatchingEngine(EngineBase):
         block = cache.block_size_tokens
         needed = -(-(cached[:, None] + steps[None, :] + 1) // block)
         growth = np.maximum(needed - held[:, None], 0).sum(axis=0)
-        fits = int(np.searchsorted(growth, self._free_blocks, side="right"))
+        pool = self._pool
+        available = self._free_blocks if pool is None else pool.available_blocks
+        fits = int(np.searchsorted(growth, available, side="right"))
         return min(size, fits), growth
+
+    def _head_waits_for_memory(self, now: int) -> bool:
+        """Whether the scheduler's head does not fit in the KV cache now, so that it
+        waits through a stretch, whose launches only take blocks: without a prefix cache
+        the free blocks only shrink; with one, so do the available blocks, and an
+        evicted block the head would have shared only adds to what it needs. Only for
+        the built-in schedulers, whose head does not change with the time asked."""
+        cache = self._kv_cache
+        if cache is None or type(self._scheduler) not in _TIMELESS_SCHEDULERS:
+            return False
+        decision = self._scheduler.decide(now)
+        if decision is None:
+            return False
+        request = self._requests.get(decision.request_id)
+        if request is None or request.state not in (RequestState.WAITING, _PREEMPTED):
+            return False  # step by step tells the scheduler what is wrong
+        target = request.prompt_token_count + request.generated_token_count
+        more = 1 if request.generated_token_count < request.max_output_tokens else 0
+        blocks = cache.blocks_for(target + more)
+        pool = self._pool
+        if pool is None:
+            return blocks > self._free_blocks
+        arriving = request.request_id in self._incoming
+        keys = request.block_hashes or ()
+        limit = max(0, target - 1) // cache.block_size_tokens
+        matched = 0 if arriving else pool.match(keys, limit)
+        return pool.needed(keys, matched) + blocks - matched > pool.available_blocks
 
     def _end_stretch(self, stretch: _Stretch, participants: list[tuple[_Slot, int | None]]) -> None:
         """Write out the stretch's iterations before its event's (all but the last):
@@ -927,7 +1024,6 @@ class BatchingEngine(EngineBase):
         starts[1:] = ends[:-1]
         counts = np.full(done, count, dtype=np.int64)
         zeros = np.zeros(done, dtype=np.int64)
-        cached = np.full(done, 0 if self._pool is None else self._pool.cached_blocks, np.int64)
         self._iterations.extend(
             (
                 starts,
@@ -938,23 +1034,28 @@ class BatchingEngine(EngineBase):
                 zeros.astype(np.int8),
                 counts,
                 stretch.kv_blocks_in_use[:-1],
-                cached,
+                stretch.kv_blocks_cached[:-1],
             )
         )
         first_token = int(ends[0])
         cache = self._kv_cache
+        pool = self._pool
         for slot in slots:
             request = slot.request
             request.generated_token_count += done
             slot.decoded += done
             if request.first_token_time_us is None:
                 request.first_token_time_us = first_token
-            if cache is not None and self._pool is None:
-                # The reservation of the event's iteration's launch (step 2).
+            if cache is not None:
+                # The reservations of the launches up to the event's iteration (step 2).
                 growth = cache.blocks_for(slot.target + slot.decoded + 1) - slot.blocks
                 if growth > 0:
                     slot.blocks += growth
-                    self._free_blocks -= growth
+                    if pool is None:
+                        self._free_blocks -= growth
+                    else:
+                        assert slot.table is not None
+                        pool.grow(slot.table, growth)
         self._processed_event_count += done
 
     def _reserve_decode_blocks(self, now: int) -> None:
