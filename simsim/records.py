@@ -13,7 +13,7 @@ import enum
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Generic, TypeVar, overload
+from typing import Generic, NamedTuple, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,7 @@ __all__ = [
     "EventType",
     "IterationLog",
     "IterationRecord",
+    "IterationRow",
     "RecordView",
 ]
 
@@ -88,6 +89,21 @@ class IterationRecord:
     batch_size: int
     kv_blocks_in_use: int
     kv_blocks_cached: int = 0
+
+
+class IterationRow(NamedTuple):
+    """:class:`IterationRecord`'s fields as a plain tuple: what an engine keeps of an
+    iteration while it runs (cheaper to make than the record, once per iteration)."""
+
+    start_us: int
+    end_us: int
+    prefill_tokens: int
+    prefilling_count: int
+    decoding_count: int
+    abandoned: bool
+    batch_size: int
+    kv_blocks_in_use: int
+    kv_blocks_cached: int
 
 
 ITERATION_COLUMNS = tuple(
@@ -255,10 +271,16 @@ class IterationLog:
             array("b") if name == "abandoned" else array("q") for name in _ITERATION_FIELDS
         )
 
-    def append(self, record: IterationRecord) -> None:
-        """Add one iteration's record."""
-        for column, name in zip(self.columns, _ITERATION_FIELDS, strict=True):
-            column.append(getattr(record, name))
+    def append(self, row: Sequence[int]) -> None:
+        """Add one iteration: its values in :class:`IterationRecord`'s field order (an
+        :class:`IterationRow`, or the record itself through :meth:`row_of`)."""
+        for column, value in zip(self.columns, row, strict=True):
+            column.append(value)
+
+    @staticmethod
+    def row_of(record: IterationRecord) -> IterationRow:
+        """*record*'s values as a row."""
+        return IterationRow(*(getattr(record, name) for name in _ITERATION_FIELDS))
 
     def extend(self, rows: Sequence[npt.NDArray[np.integer]]) -> None:
         """Add several rows given as one NumPy array per field, in

@@ -43,7 +43,7 @@ from simsim.engines.base import EngineBase, engine_work, positive_int, queued_re
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.engines.server import LoadFigures
 from simsim.errors import InvalidTransitionError, StaleEventError
-from simsim.records import EventType, IterationLog, IterationRecord
+from simsim.records import EventType, IterationLog, IterationRecord, IterationRow
 from simsim.registry import Registry
 from simsim.request import Request, RequestState
 from simsim.scheduler import AdmissionDecision, FcfsScheduler, Scheduler
@@ -351,7 +351,7 @@ class _Iteration:
         self,
         event: _IterationEvent,
         participants: list[tuple[_Slot, int | None]],
-        record: IterationRecord,
+        record: IterationRow,
         first_sequence: int,
         stretch: _Stretch | None = None,
     ) -> None:
@@ -828,7 +828,7 @@ class BatchingEngine(EngineBase):
     # ------------------------------------------------------------------ stretches
 
     def _stretch(
-        self, now: int, participants: list[tuple[_Slot, int | None]], record: IterationRecord
+        self, now: int, participants: list[tuple[_Slot, int | None]], record: IterationRow
     ) -> _Iteration | None:
         """Launch the decode iteration *record* and the ones after it as one stretch.
 
@@ -909,7 +909,7 @@ class BatchingEngine(EngineBase):
         last = first + (size - 1) * stride
         end = int(ends[-1])
         event = _IterationEvent(env, self._on_iteration_end, end, last)
-        final = IterationRecord(
+        final = IterationRow(
             start_us=int(ends[-2]),
             end_us=end,
             prefill_tokens=0,
@@ -926,7 +926,7 @@ class BatchingEngine(EngineBase):
     def _stretch_ends(
         self,
         count: int,
-        record: IterationRecord,
+        record: IterationRow,
         contexts: int,
         limit: int,
         horizon: int | None,
@@ -1062,10 +1062,14 @@ class BatchingEngine(EngineBase):
         cache = self._kv_cache
         if cache is None:
             return
+        block = cache.block_size_tokens
         for slot in list(self._slots):
             if slot.left or slot.request.state is not _DECODING:
                 continue
-            need = cache.blocks_for(slot.target + slot.decoded + 1) - slot.blocks
+            # cache.blocks_for(...), written out: this runs for every slot every iteration.
+            need = -(-(slot.target + slot.decoded + 1) // block) - slot.blocks
+            if need <= 0:
+                continue
             rid = slot.request.request_id
             pool = self._pool
             while need > 0 and self._slot_of.get(rid) is slot:
@@ -1153,7 +1157,7 @@ class BatchingEngine(EngineBase):
 
     def _plan(
         self, now: int, slots: list[_Slot], new_slots: list[_Slot]
-    ) -> tuple[list[tuple[_Slot, int | None]], IterationRecord | None]:
+    ) -> tuple[list[tuple[_Slot, int | None]], IterationRow | None]:
         """Who takes part in the iteration launched now, and its priced record (step 4).
 
         *slots* is the batch in admission order, ending with *new_slots*, the requests
@@ -1181,7 +1185,7 @@ class BatchingEngine(EngineBase):
             raise time_overflow(end, f"the iteration from {now} us lasting {duration} us")
         if first_decoders and self._decode_floor_us:
             self._check_output_fits(first_decoders, end)
-        record = IterationRecord(
+        record = IterationRow(
             start_us=now,
             end_us=end,
             prefill_tokens=prefill_tokens,
@@ -1189,12 +1193,23 @@ class BatchingEngine(EngineBase):
             decoding_count=decoding,
             abandoned=False,
             batch_size=len(slots),
-            kv_blocks_in_use=(
-                sum(slot.blocks for slot in slots) if self._pool is None else self._pool.used_blocks
-            ),
+            kv_blocks_in_use=self._blocks_in_use(new_slots),
             kv_blocks_cached=0 if self._pool is None else self._pool.cached_blocks,
         )
         return participants, record
+
+    def _blocks_in_use(self, new_slots: list[_Slot]) -> int:
+        """The KV blocks the batch holds at a launch, *new_slots* (admitted now, whose
+        blocks the free count does not show yet) included."""
+        cache = self._kv_cache
+        if cache is None:
+            return 0
+        if self._pool is not None:
+            return self._pool.used_blocks
+        held = cache.total_blocks - self._free_blocks
+        for slot in new_slots:
+            held += slot.blocks
+        return held
 
     def _price(
         self,
@@ -1350,17 +1365,6 @@ class BatchingEngine(EngineBase):
         self._iteration = None
         self._abandoned.add(iteration.event)
         record = iteration.record
-        self._iterations.append(
-            IterationRecord(
-                record.start_us,
-                record.end_us,
-                record.prefill_tokens,
-                record.prefilling_count,
-                record.decoding_count,
-                True,
-                record.batch_size,
-                record.kv_blocks_in_use,
-            )
-        )
+        self._iterations.append(record._replace(abandoned=True, kv_blocks_cached=0))
         if len(self._scheduler):
             self._admit_now_or_at_boundary()
