@@ -244,6 +244,10 @@ _DecodeSteps = Callable[[int, int, npt.NDArray[np.int64]], npt.NDArray[np.int64]
 _MAX_STRETCH = 1 << 16
 """The most iterations one stretch covers (a longer run is several stretches)."""
 
+_MIN_STRETCH = 4
+"""The fewest iterations worth a stretch: below it, pricing at once (NumPy calls) costs
+more than stepping (benchmarks/batching.py at batch 64)."""
+
 
 _TIMELESS_SCHEDULERS = frozenset(
     {
@@ -291,8 +295,13 @@ def _decode_steps_pricer(backend: Backend, iteration_us: object) -> _DecodeSteps
         and isinstance(backend, SimulatedBackend)
         and _defining_class(cls, "decode_step_us") is SimulatedBackend
     ):
-        return lambda count, first, sums: np.full(len(sums), first, dtype=np.int64)
+        return _same_steps
     return None
+
+
+def _same_steps(count: int, first: int, sums: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Every decode iteration of a fixed batch costs what the first did."""
+    return np.full(len(sums), first, dtype=np.int64)
 
 
 class _IterationEvent(ScheduledEvent):
@@ -883,8 +892,13 @@ class BatchingEngine(EngineBase):
                 hashes = slot.request.block_hashes
                 if hashes and len(hashes) > len(slot.table.named):
                     return None  # a decode step could name a block
-        if limit < 2:
-            return None
+        if horizon is not None and record.end_us > record.start_us:
+            # Decode steps cost no less as contexts grow: at most this many iterations
+            # launch before the horizon (a guess for other backends: a stretch is
+            # only missed if it is wrong).
+            limit = min(limit, (horizon - record.start_us) // (record.end_us - record.start_us))
+        if limit < _MIN_STRETCH:
+            return None  # too short to be worth pricing at once
         ends = self._stretch_ends(count, record, contexts, limit, horizon)
         if ends is None:
             return None
@@ -939,6 +953,13 @@ class BatchingEngine(EngineBase):
         assert self._decode_steps is not None
         first_end = record.end_us
         first_cost = first_end - record.start_us
+        if self._decode_steps is _same_steps:  # an arithmetic series: sized at once
+            size = limit
+            if horizon is not None and first_cost:
+                size = min(size, (horizon - first_end - 1) // first_cost + 1)
+            if first_cost * (size - 1) > MAX_TIME_US - first_end:
+                return None
+            return first_end + first_cost * np.arange(size, dtype=np.int64)
         size = min(limit, 16)
         while True:
             steps = np.arange(1, size, dtype=np.int64)
