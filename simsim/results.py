@@ -170,12 +170,13 @@ def _append_metadata(frame: pd.DataFrame, rows: Sequence[Request]) -> None:
 def events_frame(log: EventLog) -> pd.DataFrame:
     """One row per logged event: ``timestamp_us, sequence, event_type, request_id``."""
     names = [member.name for member in EventType]
+    timestamps, sequences, types, request_ids = log.columns
     return pd.DataFrame(
         {
-            "timestamp_us": pd.array(log.timestamps, dtype="Int64"),
-            "sequence": pd.array(log.sequences, dtype="int64"),
-            "event_type": pd.array([names[k] for k in log.types], dtype="str"),
-            "request_id": pd.array(log.request_ids, dtype="int64"),
+            "timestamp_us": pd.array(timestamps, dtype="Int64"),
+            "sequence": pd.array(sequences, dtype="int64"),
+            "event_type": pd.array([names[k] for k in types], dtype="str"),
+            "request_id": pd.array(request_ids, dtype="int64"),
         }
     )
 
