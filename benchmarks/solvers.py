@@ -485,7 +485,8 @@ class Measurement:
 def log_stats(engine: simsim.SimulationEngine) -> LogStats:
     """Bytes of *engine*'s event log per event, and the time to build its request frame."""
     log = engine._event_log
-    columns = (log.timestamps, log.sequences, log.types, log.request_ids)
+    # The rows as written (a stretch's tokens are kept as inserts until a reader asks).
+    columns = list(log.columns_open()) + list(log._inserts or ())
     allocated = sum(sys.getsizeof(column) for column in columns)
     start = time.perf_counter()
     frame = engine.requests_frame()

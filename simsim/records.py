@@ -187,31 +187,34 @@ class EventLog:
     ``array('b')`` (1 byte). Engines add a row with :meth:`append`; the single slot's
     decode step, the one measured hot path, appends to the four columns itself.
 
-    A batching server's decode tokens may come as a *grid* instead (:meth:`add_tokens`,
-    :meth:`extend_tokens`): iterations whose tokens go to the same requests in the same
-    order keep one time and one first sequence number each, 16 bytes an iteration
-    instead of 25 a token. The rows written before a grid wait in :attr:`_closed`; the
-    first reader of :attr:`columns` writes every row out, in order, into the columns
-    (which then hold the whole log again).
+    Decode tokens of a stretch, or of iterations that served the same requests, may
+    come in bulk instead, kept as *inserts* at the row where they belong: a *run*
+    (:meth:`add_token_run`: steps that end every so many microseconds and number their
+    records evenly, 56 bytes whatever its length) or a *grid* (:meth:`add_tokens`,
+    :meth:`extend_tokens`: one end and one first sequence number per iteration, 16
+    bytes an iteration). The first reader of :attr:`columns` writes every row out, in
+    order, into the columns.
     """
 
-    __slots__ = ("_closed", "_grid", "request_ids", "sequences", "timestamps", "types")
+    __slots__ = ("_grid", "_grids", "_inserts", "request_ids", "sequences", "timestamps", "types")
 
     def __init__(self) -> None:
         self.timestamps: array[int] = array("q")
         self.sequences: array[int] = array("q")
         self.types: array[int] = array("b")
         self.request_ids: array[int] = array("q")
-        # Closed parts of the log, in order: column tuples and grids; the open columns
-        # above come after them. Empty unless a grid was added.
-        self._closed: list[tuple[array[int], ...] | _TokenGrid] = []
-        # The grid that the next iteration's tokens may extend (the log's last part).
+        # Inserts, in order, as columns: the row they go before, then (a run) first
+        # time, time step, first sequence, sequence step, iterations and the request
+        # id, or (a grid) -1 and its index in _grids. None until the first insert.
+        self._inserts: tuple[array[int], ...] | None = None
+        self._grids: list[_TokenGrid] = []
+        # The grid that the next iteration's tokens may extend (the last insert).
         self._grid: _TokenGrid | None = None
 
     @property
     def columns(self) -> tuple[array[int], array[int], array[int], array[int]]:
         """The four columns in :class:`EventRecord`'s field order (every row)."""
-        if self._closed:
+        if self._inserts is not None:
             self._write_out()
         return (self.timestamps, self.sequences, self.types, self.request_ids)
 
@@ -228,7 +231,7 @@ class EventLog:
         has the same requests and nothing was logged since, else rows (or a new grid,
         for a batch of :data:`_GRID_MIN` or more)."""
         grid = self._grid
-        if grid is not None and not self.timestamps and grid.ids == request_ids:
+        if grid is not None and grid.row == len(self.timestamps) and grid.ids == request_ids:
             grid.times.append(timestamp_us)
             grid.firsts.append(first_sequence)
             return
@@ -247,45 +250,90 @@ class EventLog:
         """Add a grid: for each iteration (its end in *times*), a
         ``DECODE_STEP_COMPLETE`` for each of *request_ids* in order, numbered from that
         iteration's entry of *first_sequences* on. The arrays are kept, not copied."""
-        if self.timestamps:  # the rows so far come first
-            self._closed.append(self.columns_open())
-            self.timestamps = array("q")
-            self.sequences = array("q")
-            self.types = array("b")
-            self.request_ids = array("q")
-        grid = _TokenGrid(times, first_sequences, list(request_ids))
-        self._closed.append(grid)
+        grid = _TokenGrid(len(self.timestamps), times, first_sequences, list(request_ids))
+        self._insert((len(self.timestamps), -1, len(self._grids), 0, 0, 0, 0))
+        self._grids.append(grid)
         self._grid = grid
 
-    def columns_open(self) -> tuple[array[int], array[int], array[int], array[int]]:
-        """The open columns only: the rows after the last grid."""
-        return (self.timestamps, self.sequences, self.types, self.request_ids)
-
-    def _write_out(self) -> None:
-        parts = [*self._closed, self.columns_open()]
-        # The rows before the first grid stay where they are (a reader's snapshot keeps
-        # its length), so writing out costs only what came since the last reader.
-        first = parts[0]
-        if isinstance(first, _TokenGrid):
-            columns = tuple(array(kind) for kind in "qqbq")
-        else:
-            columns = first
-            del parts[0]
-        for part in parts:
-            if isinstance(part, _TokenGrid):
-                for column, expanded in zip(columns, part.expand(), strict=True):
-                    column.frombytes(expanded.tobytes())
-            else:
-                for column, values in zip(columns, part, strict=True):
-                    column.extend(values)
-        self.timestamps, self.sequences, self.types, self.request_ids = columns
-        self._closed = []
+    def add_token_run(
+        self,
+        first_time_us: int,
+        time_step_us: int,
+        first_sequence: int,
+        sequence_step: int,
+        iterations: int,
+        request_id: int,
+    ) -> None:
+        """Add a run of *iterations* ``DECODE_STEP_COMPLETE`` records of *request_id*,
+        the first at *first_time_us* numbered *first_sequence*, each next one
+        *time_step_us* later and *sequence_step* numbers higher."""
+        row = len(self.timestamps)
+        self._insert(
+            (
+                row,
+                first_time_us,
+                time_step_us,
+                first_sequence,
+                sequence_step,
+                iterations,
+                request_id,
+            )
+        )
         self._grid = None
 
+    def _insert(self, values: tuple[int, ...]) -> None:
+        inserts = self._inserts
+        if inserts is None:
+            inserts = self._inserts = tuple(array("q") for _ in range(7))
+        for column, value in zip(inserts, values, strict=True):
+            column.append(value)
+
+    def _write_out(self) -> None:
+        assert self._inserts is not None
+        rows, times, time_steps, firsts, sequence_steps, counts, ids = self._inserts
+        eager = self.columns_open()
+        parts: list[tuple[npt.NDArray[np.int64], ...]] = []
+        done = 0
+        for index, row in enumerate(rows):
+            if row > done:
+                parts.append(tuple(_numpy(column, done, row) for column in eager))
+                done = row
+            if times[index] == -1:  # a grid
+                parts.append(self._grids[time_steps[index]].expand())
+            else:
+                steps = np.arange(counts[index], dtype=np.int64)
+                parts.append(
+                    _grid_columns(
+                        times[index] + time_steps[index] * steps,
+                        firsts[index] + sequence_steps[index] * steps,
+                        [ids[index]],
+                    )
+                )
+        if len(self.timestamps) > done:
+            parts.append(tuple(_numpy(column, done, len(column)) for column in eager))
+        columns = tuple(array(kind) for kind in "qqbq")
+        for position, column in enumerate(columns):
+            values = np.concatenate([part[position] for part in parts])
+            column.frombytes(
+                values.astype(np.int8 if column.typecode == "b" else np.int64).tobytes()
+            )
+        self.timestamps, self.sequences, self.types, self.request_ids = columns
+        self._inserts = None
+        self._grids = []
+        self._grid = None
+
+    def columns_open(self) -> tuple[array[int], array[int], array[int], array[int]]:
+        """The columns' rows as written so far, without the inserts."""
+        return (self.timestamps, self.sequences, self.types, self.request_ids)
+
     def __len__(self) -> int:
-        return len(self.timestamps) + sum(
-            len(part[0]) if isinstance(part, tuple) else len(part) for part in self._closed
-        )
+        total = len(self.timestamps)
+        if self._inserts is not None:
+            for first, step, count in zip(
+                self._inserts[1], self._inserts[2], self._inserts[5], strict=True
+            ):
+                total += len(self._grids[step]) if first == -1 else count
+        return total
 
     def view(self) -> RecordView[EventRecord]:
         """A snapshot of the log as a sequence of :class:`EventRecord`."""
@@ -294,14 +342,13 @@ class EventLog:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the log's used part: 8 + 8 + 1 + 8 per row, 16 per iteration of
-        a grid and 8 per request of its batch."""
+        """Bytes held by the log's used part: 8 + 8 + 1 + 8 per row, 56 per insert, and
+        16 per iteration of a grid and 8 per request of its batch."""
         total = sum(column.itemsize * len(column) for column in self.columns_open())
-        for part in self._closed:
-            if isinstance(part, _TokenGrid):
-                total += 16 * len(part.times) + 8 * len(part.ids)
-            else:
-                total += sum(column.itemsize * len(column) for column in part)
+        if self._inserts is not None:
+            total += 56 * len(self._inserts[0])
+        for grid in self._grids:
+            total += 16 * len(grid.times) + 8 * len(grid.ids)
         return total
 
 
@@ -309,12 +356,19 @@ _GRID_MIN = 4
 """The smallest batch whose tokens :meth:`EventLog.extend_tokens` keeps as a grid."""
 
 
+def _numpy(column: array[int], start: int, stop: int) -> npt.NDArray[np.int64]:
+    if column.typecode == "b":
+        return np.frombuffer(column, dtype=np.int8)[start:stop].astype(np.int64)
+    return np.frombuffer(column, dtype=np.int64)[start:stop]
+
+
 class _TokenGrid:
     """Decode tokens of iterations that served the same requests in the same order."""
 
-    __slots__ = ("firsts", "ids", "times")
+    __slots__ = ("firsts", "ids", "row", "times")
 
-    def __init__(self, times: array[int], firsts: array[int], ids: list[int]) -> None:
+    def __init__(self, row: int, times: array[int], firsts: array[int], ids: list[int]) -> None:
+        self.row = row  # the log's row it goes before
         self.times = times  # each iteration's end
         self.firsts = firsts  # each iteration's first record's sequence number
         self.ids = ids
@@ -324,16 +378,22 @@ class _TokenGrid:
 
     def expand(self) -> tuple[npt.NDArray[np.int64], ...]:
         """The grid's rows as the log's four columns (NumPy arrays of their types)."""
-        count = len(self.ids)
         times = np.frombuffer(self.times, dtype=np.int64)
         firsts = np.frombuffer(self.firsts, dtype=np.int64)
-        iterations = len(times)
-        return (
-            np.repeat(times, count),
-            (firsts[:, None] + np.arange(count, dtype=np.int64)).ravel(),
-            np.full(iterations * count, EventType.DECODE_STEP_COMPLETE, dtype=np.int8),
-            np.tile(np.asarray(self.ids, dtype=np.int64), iterations),
-        )
+        return _grid_columns(times, firsts, self.ids)
+
+
+def _grid_columns(
+    times: npt.NDArray[np.int64], firsts: npt.NDArray[np.int64], ids: list[int]
+) -> tuple[npt.NDArray[np.int64], ...]:
+    count = len(ids)
+    iterations = len(times)
+    return (
+        np.repeat(times, count),
+        (firsts[:, None] + np.arange(count, dtype=np.int64)).ravel(),
+        np.full(iterations * count, EventType.DECODE_STEP_COMPLETE, dtype=np.int8),
+        np.tile(np.asarray(ids, dtype=np.int64), iterations),
+    )
 
 
 class AdmissionLog:

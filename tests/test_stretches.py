@@ -80,7 +80,7 @@ class Plan:
     """One random model: a server, its requests and what the model's processes do."""
 
     backend: Any
-    slots: int
+    slots: int  # 0: the single slot
     policy: str
     max_batch_tokens: int | None
     kv_cache: simsim.KvCacheConfig | None
@@ -163,7 +163,9 @@ def plans(draw: Any, *, cache_kind: str | None = None) -> Plan:
     )
 
 
-def _engine(plan: Plan, env: simsim.Environment, stretches: bool) -> simsim.BatchingEngine:
+def _engine(plan: Plan, env: simsim.Environment, stretches: bool) -> Any:
+    if plan.slots == 0:  # the single slot
+        return simsim.SimulationEngine(plan.backend, env=env, stretches=stretches)
     schedulers = {
         "fcfs": simsim.FcfsScheduler,
         "sjf": ShortestJobFirstScheduler,
@@ -256,14 +258,15 @@ def simulate(plan: Plan, *, stretches: bool, replicas: int = 0) -> dict[str, Any
         "admissions": server.admissions_frame(),
     }
     for index, engine in enumerate(engines):
-        frames[f"iterations {index}"] = engine.iterations_frame()
         frames[f"counts {index}"] = (
             engine.processed_event_count,
             engine.ignored_cancelled_event_count,
             engine.now_us,
             engine.scheduler_stats,
-            engine.kv_blocks_in_use,
         )
+        if isinstance(engine, simsim.BatchingEngine):
+            frames[f"iterations {index}"] = engine.iterations_frame()
+            frames[f"blocks {index}"] = engine.kv_blocks_in_use
     frames["seen"] = seen
     return frames
 
@@ -283,6 +286,35 @@ def assert_same(plan: Plan, replicas: int = 0) -> None:
 @_settings(150)
 @given(plans())
 def test_stretches_give_the_step_by_step_results(plan: Plan) -> None:
+    assert_same(plan)
+
+
+@st.composite
+def single_slot_plans(draw: Any) -> Plan:
+    """A plan for the single slot: no KV cache, one slot, FCFS."""
+    plan = draw(plans(cache_kind="none"))
+    return Plan(
+        plan.backend,
+        0,
+        "prefill_first",
+        None,
+        None,
+        False,
+        False,
+        "fcfs",
+        plan.requests,
+        plan.late,
+        plan.cancels,
+        plan.watches,
+        plan.looks,
+        plan.stops,
+        plan.stop_cancels,
+    )
+
+
+@_settings(150)
+@given(single_slot_plans())
+def test_single_slot_stretches_give_the_step_by_step_results(plan: Plan) -> None:
     assert_same(plan)
 
 

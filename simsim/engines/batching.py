@@ -43,6 +43,12 @@ from simsim.clock import MAX_TIME_US, Environment, ScheduledEvent, time_overflow
 from simsim.engines.base import EngineBase, engine_work, positive_int, queued_request
 from simsim.engines.prefix_cache import BlockTable, PrefixCache
 from simsim.engines.server import LoadFigures
+from simsim.engines.stretches import (
+    MAX_STRETCH,
+    MIN_STRETCH,
+    decode_steps_pricer,
+    stretch_ends,
+)
 from simsim.errors import InvalidTransitionError, StaleEventError
 from simsim.records import EventType, IterationLog, IterationRecord, IterationRow
 from simsim.registry import Registry
@@ -238,19 +244,6 @@ POLICIES.register(
 POLICIES.register("mixed", BatchingPolicy("mixed", _plan_mixed, needs_max_batch_tokens=True))
 
 
-_DecodeSteps = Callable[[int, int, npt.NDArray[np.int64]], npt.NDArray[np.int64] | None]
-"""Prices a stretch's decode iterations: ``(count, first cost, context sums) -> costs``
-(``None``: price them one by one)."""
-
-_MAX_STRETCH = 1 << 16
-"""The most iterations one stretch covers (a longer run is several stretches)."""
-
-_MIN_STRETCH = 4
-"""The fewest iterations worth a stretch, and one more for every 8 requests in the batch:
-below it, pricing at once and writing out (NumPy calls) costs more than stepping
-(benchmarks/batching.py: batch 64 ran 1.4x slower with stretches of 4)."""
-
-
 _TIMELESS_SCHEDULERS = frozenset(
     {
         FcfsScheduler,
@@ -263,47 +256,6 @@ _TIMELESS_SCHEDULERS = frozenset(
 )
 """The built-in schedulers: their head depends on their queue alone, not on the time
 ``decide`` is asked at (aging orders by a virtual arrival time)."""
-
-
-def _defining_class(cls: type, name: str) -> type | None:
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return klass
-    return None
-
-
-def _decode_steps_pricer(backend: Backend, iteration_us: object) -> _DecodeSteps | None:
-    """How a stretch of decode-only iterations of *backend* is priced at once, or
-    ``None`` when it must be priced iteration by iteration.
-
-    A backend whose ``step_us`` prices every step uses its ``decode_steps_us``
-    (:class:`~simsim.backend.DecodeStepsBackend`) if the class that defines ``step_us``
-    defines it too (a subclass that changes ``step_us`` alone is priced step by step).
-    :class:`~simsim.SimulatedBackend`'s own decode price is the same for every
-    iteration of a fixed batch. Any other backend is asked once per iteration, as it
-    may count its calls.
-    """
-    cls = type(backend)
-    if hasattr(cls, "step_us"):
-        owner = _defining_class(cls, "step_us")
-        steps = getattr(backend, "decode_steps_us", None)
-        if owner is None or owner is not _defining_class(cls, "decode_steps_us"):
-            return None
-        if not callable(steps):
-            return None
-        return lambda count, first, sums: steps(count, sums)
-    if (
-        iteration_us is None
-        and isinstance(backend, SimulatedBackend)
-        and _defining_class(cls, "decode_step_us") is SimulatedBackend
-    ):
-        return _same_steps
-    return None
-
-
-def _same_steps(count: int, first: int, sums: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Every decode iteration of a fixed batch costs what the first did."""
-    return np.full(len(sums), first, dtype=np.int64)
 
 
 class _IterationEvent(ScheduledEvent):
@@ -488,7 +440,7 @@ class BatchingEngine(EngineBase):
         # How a stretch of decode iterations is priced at once (None: no stretches).
         self._decode_steps = None
         if stretches:
-            self._decode_steps = _decode_steps_pricer(backend, self._iteration_us)
+            self._decode_steps = decode_steps_pricer(backend, self._iteration_us)
 
     # ------------------------------------------------------------------ accessors
 
@@ -875,7 +827,7 @@ class BatchingEngine(EngineBase):
         if horizon is not None and horizon <= first_end:
             return None
         # The most iterations before one of them must be the event's.
-        limit = _MAX_STRETCH
+        limit = MAX_STRETCH
         waiters = self._token_waiters
         pool = self._pool
         cache = self._kv_cache
@@ -899,9 +851,18 @@ class BatchingEngine(EngineBase):
             # launch before the horizon (a guess for other backends: a stretch is
             # only missed if it is wrong).
             limit = min(limit, (horizon - record.start_us) // (record.end_us - record.start_us))
-        if limit < max(_MIN_STRETCH, count // 8):
+        if limit < max(MIN_STRETCH, count // 8):
             return None  # too short to be worth pricing at once
-        ends = self._stretch_ends(count, record, contexts, limit, horizon)
+        assert self._decode_steps is not None
+        ends = stretch_ends(
+            self._decode_steps,
+            count,
+            record.end_us,
+            record.end_us - record.start_us,
+            contexts,
+            limit,
+            horizon,
+        )
         if ends is None:
             return None
         size = len(ends)
@@ -938,45 +899,6 @@ class BatchingEngine(EngineBase):
         )
         stretch = _Stretch(now, ends, first, stride, in_use, cached_blocks)
         return _Iteration(event, participants, final, last + 1, stretch)
-
-    def _stretch_ends(
-        self,
-        count: int,
-        record: IterationRow,
-        contexts: int,
-        limit: int,
-        horizon: int | None,
-    ) -> npt.NDArray[np.int64] | None:
-        """The ends of up to *limit* decode iterations of the *count* requests in the
-        batch, the first being *record*, whose contexts sum to *contexts*: enough to pass
-        *horizon* (all *limit* when it is ``None``). ``None`` when the backend cannot
-        price them at once or an end could pass ``2**63 - 1`` (step by step then
-        raises where it belongs)."""
-        assert self._decode_steps is not None
-        first_end = record.end_us
-        first_cost = first_end - record.start_us
-        if self._decode_steps is _same_steps:  # an arithmetic series: sized at once
-            size = limit
-            if horizon is not None and first_cost:
-                size = min(size, (horizon - first_end - 1) // first_cost + 1)
-            if first_cost * (size - 1) > MAX_TIME_US - first_end:
-                return None
-            return first_end + first_cost * np.arange(size, dtype=np.int64)
-        size = min(limit, 16)
-        while True:
-            steps = np.arange(1, size, dtype=np.int64)
-            costs = self._decode_steps(count, first_cost, contexts + count * steps)
-            if costs is None:
-                return None
-            if len(costs) and int(costs.max()) * len(costs) > MAX_TIME_US - first_end:
-                return None
-            ends = np.empty(size, dtype=np.int64)
-            ends[0] = first_end
-            np.cumsum(costs, out=ends[1:])
-            ends[1:] += first_end
-            if size >= limit or (horizon is not None and ends[-1] >= horizon):
-                return ends
-            size = min(limit, size * 4)
 
     def _stretch_blocks(self, size: int) -> tuple[int, npt.NDArray[np.int64]]:
         """How many of *size* stretch iterations can launch with the free KV blocks, and

@@ -63,5 +63,19 @@ class LifecycleEvent:
         self.event_type = event_type
         return processed
 
+    def requeue_numbered(
+        self, callbacks: tuple[Any, ...], event_type: EventType, at_us: int, sequence: int
+    ) -> int:
+        """:meth:`requeue` under a *sequence* set aside earlier
+        (:meth:`~simsim.clock.Environment.reserve_sequences`)."""
+        if at_us > MAX_TIME_US:
+            raise time_overflow(at_us, f"request {self.request.request_id}")
+        processed = self.sequence
+        self.sequence = sequence
+        heappush(self.env._queue, (at_us, NORMAL, sequence, self))  # type: ignore[misc]
+        self.callbacks = callbacks
+        self.event_type = event_type
+        return processed
+
     def __repr__(self) -> str:
         return f"<{self.event_type.name}(request {self.request.request_id}) #{self.sequence}>"

@@ -17,7 +17,11 @@ its prefill ``prefill_us(prompt, 1)`` later. Each decode step is scheduled
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
 
 from simsim.admission import AdmissionControl
 from simsim.backend import Backend, FittedBackend
@@ -28,6 +32,13 @@ from simsim.engines.base import (
     check_duration_us,
     lifecycle_handler,
     positive_int,
+)
+from simsim.engines.stretches import (
+    MAX_STRETCH,
+    MIN_STRETCH,
+    decode_steps_pricer,
+    same_steps,
+    stretch_ends,
 )
 from simsim.errors import InvalidTransitionError
 from simsim.records import EventType
@@ -66,8 +77,11 @@ class SimulationEngine(EngineBase):
         max_active_requests: int = 1,
         env: Environment | None = None,
         admission: AdmissionControl | None = None,
+        stretches: bool = True,
     ) -> None:
         slots = positive_int(max_active_requests, "max_active_requests")
+        if type(stretches) is not bool:
+            raise TypeError(f"stretches must be True or False, got {stretches!r}")
         if slots != 1:
             raise ValueError(
                 f"max_active_requests={slots}: the single-slot SimulationEngine runs exactly "
@@ -83,6 +97,12 @@ class SimulationEngine(EngineBase):
         # price later steps cheaper.
         own_step = getattr(type(backend), "step_us", None)
         self._steps_grow = self._price_step is None or own_step is FittedBackend.step_us
+        # Decode steps that nothing can interrupt are one event (a stretch: see
+        # _stretch); None: one event per step.
+        self._decode_steps = decode_steps_pricer(backend) if stretches else None
+        # The active request's stretch: its first token's number, the steps before the
+        # event's, and their ends (None: no stretch).
+        self._stretch: tuple[int, int, npt.NDArray[np.int64]] | None = None
 
     @property
     def max_active_requests(self) -> int:
@@ -119,7 +139,10 @@ class SimulationEngine(EngineBase):
                     f"would finish at {now + cost * tokens} us, past the 64-bit limit "
                     "2**63 - 1"
                 )
-            processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
+            if self._decode_steps is None:
+                processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
+            else:
+                processed = self._next_steps(event, request, now, cost, 0)
             request.transition_to(_DECODING, now)
         else:
             processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
@@ -140,6 +163,8 @@ class SimulationEngine(EngineBase):
             now = self._env._now
             if request.state is not _DECODING:
                 self._raise_stale(event)
+            if self._stretch is not None:
+                self._end_stretch(request)
             tokens = request.generated_token_count + 1
             limit = request.max_output_tokens
             if tokens < limit:
@@ -147,7 +172,10 @@ class SimulationEngine(EngineBase):
                     cost = self._decode_step_us(request)
                 else:  # the next token decodes over the prompt and the tokens so far
                     cost = self._context_step_us(request, request.prompt_token_count + tokens)
-                processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
+                if self._decode_steps is None:
+                    processed = event.requeue(self._decode_callbacks, _DECODE, now + cost)
+                else:
+                    processed = self._next_steps(event, request, now, cost, tokens)
             elif tokens == limit:
                 processed = event.requeue(self._complete_callbacks, _COMPLETE, now)
             else:
@@ -169,6 +197,62 @@ class SimulationEngine(EngineBase):
         except BaseException as error:
             self._fail(error)
             raise
+
+    def _next_steps(
+        self, event: LifecycleEvent, request: Request, now: int, cost: int, tokens: int
+    ) -> int:
+        """Schedule *request*'s next decode step (the one after its token *tokens*,
+        *cost* long), or, when nothing can happen before several of them end, a stretch:
+        one event for the last step that ends before the heap's next event, the steps
+        before it written out when it comes up (:meth:`_end_stretch`), with the
+        sequence numbers each would have taken. Not while the engine is stepped through
+        (:attr:`~simsim.Environment.stepping`), and never past a token someone waits
+        for. Returns the number of the event being processed (for its record)."""
+        env = self._env
+        limit = request.max_output_tokens - tokens
+        waiters = self._token_waiters.get(request.request_id) if self._token_waiters else None
+        if waiters:
+            limit = min(limit, min(waiters) - tokens)
+        limit = min(limit, MAX_STRETCH)
+        horizon = env.next_event_time()
+        if (
+            limit < MIN_STRETCH
+            or env.stepping
+            or (horizon is not None and (horizon - now) // max(cost, 1) < MIN_STRETCH)
+        ):
+            return event.requeue(self._decode_callbacks, _DECODE, now + cost)
+        assert self._decode_steps is not None
+        context = request.prompt_token_count + tokens
+        ends = stretch_ends(self._decode_steps, 1, now + cost, cost, context, limit, horizon)
+        size = 0 if ends is None else len(ends)
+        if ends is not None and horizon is not None:
+            size = int(np.searchsorted(ends, horizon))  # the steps that end before it
+        if ends is None or size < MIN_STRETCH:
+            return event.requeue(self._decode_callbacks, _DECODE, now + cost)
+        first = env.reserve_sequences(size)
+        self._stretch = (first, size - 1, ends[: size - 1])
+        return event.requeue_numbered(
+            self._decode_callbacks, _DECODE, int(ends[size - 1]), first + size - 1
+        )
+
+    def _end_stretch(self, request: Request) -> None:
+        """The stretch's event came up: write out the steps before it, as their own
+        events would have (tokens, records, counts)."""
+        assert self._stretch is not None
+        first, done, ends = self._stretch
+        self._stretch = None
+        request.generated_token_count += done
+        if request.first_token_time_us is None:
+            request.first_token_time_us = int(ends[0])
+        self._processed_event_count += done
+        log = self._event_log
+        if self._decode_steps is same_steps:
+            step = int(ends[1] - ends[0]) if done > 1 else 0
+            log.add_token_run(int(ends[0]), step, first, 1, done, request.request_id)
+        else:
+            times = array("q")
+            times.frombytes(ends.tobytes())
+            log.add_tokens(times, array("q", range(first, first + done)), [request.request_id])
 
     def _decode_step_us(self, request: Request) -> int:
         """One decode step of *request*, priced by ``decode_step_us(1)``."""
