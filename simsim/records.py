@@ -196,7 +196,16 @@ class EventLog:
     order, into the columns.
     """
 
-    __slots__ = ("_grid", "_grids", "_inserts", "request_ids", "sequences", "timestamps", "types")
+    __slots__ = (
+        "_grid",
+        "_grids",
+        "_inserts",
+        "_last",
+        "request_ids",
+        "sequences",
+        "timestamps",
+        "types",
+    )
 
     def __init__(self) -> None:
         self.timestamps: array[int] = array("q")
@@ -210,6 +219,9 @@ class EventLog:
         self._grids: list[_TokenGrid] = []
         # The grid that the next iteration's tokens may extend (the last insert).
         self._grid: _TokenGrid | None = None
+        # The last tokens written as rows by extend_tokens: their first row, time, first
+        # sequence and request ids (the caller's list, which it does not change again).
+        self._last: tuple[int, int, int, list[int]] | None = None
 
     @property
     def columns(self) -> tuple[array[int], array[int], array[int], array[int]]:
@@ -228,17 +240,35 @@ class EventLog:
     def extend_tokens(self, timestamp_us: int, first_sequence: int, request_ids: list[int]) -> None:
         """Add a ``DECODE_STEP_COMPLETE`` at *timestamp_us* for each of *request_ids*,
         numbered from *first_sequence* on: one more iteration of the last grid when it
-        has the same requests and nothing was logged since, else rows (or a new grid,
-        for a batch of :data:`_GRID_MIN` or more)."""
+        has the same requests and nothing was logged since; a new grid of two iterations
+        when the rows just written were for the same requests (a batch of
+        :data:`_GRID_MIN` or more); else rows. *request_ids* is kept: the caller must not
+        change it afterwards."""
         grid = self._grid
-        if grid is not None and grid.row == len(self.timestamps) and grid.ids == request_ids:
+        rows = len(self.timestamps)
+        if grid is not None and grid.row == rows and grid.ids == request_ids:
             grid.times.append(timestamp_us)
             grid.firsts.append(first_sequence)
             return
         count = len(request_ids)
-        if count >= _GRID_MIN:
-            self.add_tokens(array("q", (timestamp_us,)), array("q", (first_sequence,)), request_ids)
+        last = self._last
+        if (
+            last is not None
+            and last[0] == rows - count
+            and last[3] == request_ids
+            and count >= _GRID_MIN
+        ):
+            # The same requests twice in a row: the last iteration's rows become a grid.
+            for column in self.columns_open():
+                del column[rows - count :]
+            self.add_tokens(
+                array("q", (last[1], timestamp_us)),
+                array("q", (last[2], first_sequence)),
+                request_ids,
+            )
+            self._last = None
             return
+        self._last = (rows, timestamp_us, first_sequence, request_ids)
         self.timestamps.extend(array("q", (timestamp_us,)) * count)
         self.sequences.extend(array("q", range(first_sequence, first_sequence + count)))
         self.types.extend(array("b", (EventType.DECODE_STEP_COMPLETE,)) * count)
@@ -282,6 +312,7 @@ class EventLog:
         self._grid = None
 
     def _insert(self, values: tuple[int, ...]) -> None:
+        self._last = None  # rows before an insert never join a grid after it
         inserts = self._inserts
         if inserts is None:
             inserts = self._inserts = tuple(array("q") for _ in range(7))
@@ -321,6 +352,7 @@ class EventLog:
         self._inserts = None
         self._grids = []
         self._grid = None
+        self._last = None
 
     def columns_open(self) -> tuple[array[int], array[int], array[int], array[int]]:
         """The columns' rows as written so far, without the inserts."""

@@ -1,0 +1,239 @@
+"""A fleet of batching replicas at scale: wall time and peak memory against requests and
+replicas, and the million-request run.
+
+The fleet is ``benchmarks/cluster.py``'s: ``BatchingEngine`` replicas (16 slots, mixed
+policy, a paged KV cache, the linear cost model) behind one router on one environment,
+fed one Poisson stream at 10 requests/s per replica (about ten requests in a batch),
+prompts of 64 to 512 tokens and outputs of 32 to 128. Each run is one child process, so
+that its peak resident memory (``ru_maxrss``, the whole process: Python, NumPy, pandas
+and simsim included) is its own; the wall time covers building the fleet, submitting
+every request, running to the end and making the request table.
+
+Three tables:
+
+- **side by side**: the same fleet with stretches and step by step
+  (``stretches=False``), at ``--compare`` requests, alternated in this run;
+- **requests**: 64 replicas, 1e3 to 1e6 requests (``--sizes``);
+- **replicas**: 1e5 requests on 1 to 256 replicas (``--replicas``).
+
+The growth columns divide the time per request (or per routed request) by the smallest
+run's: flat means linear in the requests; see ``docs/performance.md``, "Fleets".
+
+Run it:  python benchmarks/fleet.py [--quick] [--plot docs/performance_fleet.png]
+Times are wall times on this machine (other programs share it: run it when it is
+quiet); the simulated times come from the cost model, never from measured hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import simsim
+
+COSTS = simsim.SimulatedBackendConfig(
+    prefill_base_us=2_000,
+    prefill_per_token_us=50,
+    prefill_per_active_sequence_us=100,
+    decode_base_us=8_000,
+    decode_per_active_sequence_us=300,
+)
+SLOTS = 16
+RATE_PER_REPLICA_PER_S = 10.0
+REQUEST_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+REPLICA_COUNTS = (1, 4, 16, 64, 256)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One fleet run, measured in its own process."""
+
+    requests: int
+    replicas: int
+    router: str
+    stretches: bool
+    wall_s: float
+    peak_rss_mb: float
+    events: int
+    tokens: int
+
+    @property
+    def us_per_request(self) -> float:
+        return self.wall_s * 1e6 / self.requests
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.wall_s
+
+
+def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: int = 0) -> Run:
+    """Build and run the fleet here (call it in a child process: see :func:`measure`)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1e6 / (RATE_PER_REPLICA_PER_S * replicas), requests)
+    arrivals = np.rint(np.cumsum(gaps)).astype(np.int64).tolist()
+    prompts = rng.integers(64, 513, requests).tolist()
+    outputs = rng.integers(32, 129, requests).tolist()
+    started = time.perf_counter()
+    env = simsim.Environment()
+    backend = simsim.SimulatedBackend(COSTS)
+    engines = [
+        simsim.BatchingEngine(
+            backend,
+            max_active_requests=SLOTS,
+            max_batch_tokens=2_048,
+            policy="mixed",
+            kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=1_024),
+            env=env,
+            stretches=stretches,
+        )
+        for _ in range(replicas)
+    ]
+    options = {"seed": seed} if router in ("random", "power_of_two") else {}
+    cluster = simsim.Cluster(engines, simsim.cluster.make_router(router, **options))
+    for request_id in range(requests):
+        cluster.submit(
+            simsim.Request(
+                request_id, arrivals[request_id], prompts[request_id], outputs[request_id]
+            )
+        )
+    cluster.run()
+    frame = cluster.requests_frame()
+    wall_s = time.perf_counter() - started
+    if not (frame["state"] == "FINISHED").all():
+        raise RuntimeError("not every request finished")
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return Run(
+        requests=requests,
+        replicas=replicas,
+        router=router,
+        stretches=stretches,
+        wall_s=wall_s,
+        peak_rss_mb=peak_kb / 1024,
+        events=sum(engine.processed_event_count for engine in engines),
+        tokens=int(sum(outputs)),
+    )
+
+
+def measure(
+    requests: int, replicas: int, router: str = "round_robin", stretches: bool = True
+) -> Run:
+    """:func:`simulate` in a fresh child process (this script with ``--child``), for its
+    own peak memory."""
+    spec = json.dumps([requests, replicas, router, stretches])
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", spec],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Run(**json.loads(done.stdout.splitlines()[-1]))
+
+
+def growth_table(runs: Sequence[Run], by: str) -> str:
+    """Wall time and memory against *by* (``requests`` or ``replicas``), as Markdown."""
+    base = runs[0]
+    lines = [
+        "| requests | replicas | wall s | requests/s | us/request "
+        f"| growth (us/request, against {getattr(base, by):,} {by}) | peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        lines.append(
+            f"| {run.requests:,} | {run.replicas} | {run.wall_s:.2f} "
+            f"| {run.requests_per_s:,.0f} | {run.us_per_request:.1f} "
+            f"| {run.us_per_request / base.us_per_request:.2f} | {run.peak_rss_mb:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def compare_table(pairs: Sequence[tuple[Run, Run]]) -> str:
+    """Step by step against stretches, per router, as Markdown."""
+    lines = [
+        "| router | requests | replicas | step by step s | stretches s | ratio "
+        "| requests/s with stretches |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for slow, fast in pairs:
+        lines.append(
+            f"| {fast.router} | {fast.requests:,} | {fast.replicas} | {slow.wall_s:.2f} "
+            f"| {fast.wall_s:.2f} | {slow.wall_s / fast.wall_s:.2f}x "
+            f"| {fast.requests_per_s:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(by_requests: Sequence[Run], by_replicas: Sequence[Run], path: Path) -> None:
+    """Wall time and peak memory against requests and replicas (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    x = [run.requests for run in by_requests]
+    left.loglog(x, [run.wall_s for run in by_requests], "o-", label="wall s")
+    left.loglog(x, [run.peak_rss_mb / 1e3 for run in by_requests], "s--", label="peak RSS GB")
+    left.set_xlabel(f"requests ({by_requests[0].replicas} replicas)")
+    left.legend()
+    left.grid(True, which="both", alpha=0.3)
+    x = [run.replicas for run in by_replicas]
+    right.semilogx(x, [run.us_per_request for run in by_replicas], "o-", label="us per request")
+    right.set_xlabel(f"replicas ({by_replicas[0].requests:,} requests)")
+    right.legend()
+    right.grid(True, which="both", alpha=0.3)
+    figure.suptitle("simsim batching fleet: cost against requests and replicas (this machine)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(REQUEST_SIZES))
+    parser.add_argument("--replicas", type=int, nargs="+", default=list(REPLICA_COUNTS))
+    parser.add_argument("--fleet", type=int, default=64, help="replicas of the requests table")
+    parser.add_argument(
+        "--per-replica-table", type=int, default=100_000, help="requests of the replicas table"
+    )
+    parser.add_argument("--compare", type=int, default=20_000, help="requests side by side")
+    parser.add_argument("--plot", type=Path, help="write the scaling plot here")
+    parser.add_argument("--quick", action="store_true", help="a small run for the smoke test")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one run, printed as JSON
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(dataclasses.asdict(simulate(*json.loads(args.child)))))
+        return 0
+    if args.quick:
+        args.sizes, args.replicas, args.fleet = [200, 1_000], [1, 4], 4
+        args.per_replica_table, args.compare = 1_000, 500
+    pairs = []
+    for router in ("round_robin", "power_of_two"):
+        slow = measure(args.compare, args.fleet, router, stretches=False)
+        fast = measure(args.compare, args.fleet, router)
+        pairs.append((slow, fast))
+    print(f"Step by step and with stretches, side by side ({args.fleet} replicas)")
+    print(compare_table(pairs))
+    by_requests = [measure(size, args.fleet) for size in args.sizes]
+    print()
+    print(f"Requests through {args.fleet} replicas (round robin)")
+    print(growth_table(by_requests, "requests"))
+    by_replicas = [measure(args.per_replica_table, count) for count in args.replicas]
+    print()
+    print(f"{args.per_replica_table:,} requests on more replicas (round robin)")
+    print(growth_table(by_replicas, "replicas"))
+    if args.plot is not None:
+        plot(by_requests, by_replicas, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
