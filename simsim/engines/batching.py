@@ -333,12 +333,15 @@ class BatchingEngine(EngineBase):
 
     ``BatchingEngine(backend, scheduler=None, *, max_active_requests,
     max_batch_tokens=None, policy="prefill_first", kv_cache=None, prefix_cache=False,
-    env=None, admission=None, first_token_at_prefill=False)``; ``prefix_cache=True``
-    (with a ``kv_cache``) shares the KV blocks of common prefixes (``docs/batching.md``,
-    "Prefix caching"); an :class:`~simsim.AdmissionControl` as *admission* checks every
-    arrival (:mod:`simsim.admission`); ``first_token_at_prefill=True`` samples each
-    request's first token in the iteration that ends its prefill, as vLLM and llama.cpp
-    do (``docs/batching.md``, "The first token at the end of the prefill").
+    env=None, admission=None, first_token_at_prefill=False, stretches=True)``;
+    ``prefix_cache=True`` (with a ``kv_cache``) shares the KV blocks of common prefixes
+    (``docs/batching.md``, "Prefix caching"); an :class:`~simsim.AdmissionControl` as
+    *admission* checks every arrival (:mod:`simsim.admission`);
+    ``first_token_at_prefill=True`` samples each request's first token in the iteration
+    that ends its prefill, as vLLM and llama.cpp do (``docs/batching.md``, "The first
+    token at the end of the prefill"); ``stretches=False`` runs one event per iteration
+    instead of advancing through a run of decode iterations nothing can interrupt in
+    one (``docs/batching.md``, "Stretches"; the results are the same).
     Same ``submit``, ``run_next_timestamp``, ``run``, ``cancel_request``,
     ``completion``, accessors, failure rules and frames as
     :class:`~simsim.SimulationEngine`, plus :attr:`iteration_log` and
@@ -658,7 +661,16 @@ class BatchingEngine(EngineBase):
         self._iterations.append(iteration.record)
         self._processed_event_count += 1
         if self._slots or len(self._scheduler):
-            self._request_boundary()
+            env = self._env
+            if self._boundary_pending or env.event_due_now():
+                self._request_boundary()
+            else:
+                # Nothing else happens at this time: the boundary would be the very next
+                # event, so start the next iteration now, numbered as if it had been
+                # scheduled (run_next_timestamp() pauses here as after a boundary).
+                env.next_sequence()
+                self._note_admission_ran()
+                self._admit()
 
     def _prefilled(self, slot: _Slot, chunk: int, now: int) -> None:
         slot.prefilled += chunk

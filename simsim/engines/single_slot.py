@@ -62,11 +62,15 @@ class SimulationEngine(EngineBase):
     """A serving engine with exactly one slot, driven by SimPy's event heap.
 
     ``SimulationEngine(backend, scheduler=None, *, max_active_requests=1, env=None,
-    admission=None)``: *scheduler* defaults to a new :class:`~simsim.FcfsScheduler`,
-    *env* to a new :class:`~simsim.Environment`. Share an environment with other SimPy
-    processes by passing it as *env*. ``max_active_requests`` must be ``1`` on this
-    server. An :class:`~simsim.AdmissionControl` as *admission* checks every arrival
-    (:mod:`simsim.admission`).
+    admission=None, stretches=True)``: *scheduler* defaults to a new
+    :class:`~simsim.FcfsScheduler`, *env* to a new :class:`~simsim.Environment`. Share
+    an environment with other SimPy processes by passing it as *env*.
+    ``max_active_requests`` must be ``1`` on this server. An
+    :class:`~simsim.AdmissionControl` as *admission* checks every arrival
+    (:mod:`simsim.admission`). With *stretches* (the default), decode steps that all end
+    before the heap's next event are one event, written out when it comes up with the
+    same records and counts; ``stretches=False`` runs one event per step (the
+    reference; ``docs/performance.md``, "Stretches").
     """
 
     def __init__(
