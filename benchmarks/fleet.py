@@ -37,19 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import simsim
 
-COSTS = simsim.SimulatedBackendConfig(
-    prefill_base_us=2_000,
-    prefill_per_token_us=50,
-    prefill_per_active_sequence_us=100,
-    decode_base_us=8_000,
-    decode_per_active_sequence_us=300,
-)
-SLOTS = 16
-RATE_PER_REPLICA_PER_S = 10.0
+# The fleet of benchmarks/cluster.py: its cost model, batch size, load and workload.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster import COSTS, SLOTS, workload
+
 REQUEST_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 REPLICA_COUNTS = (1, 4, 16, 64, 256)
 
@@ -78,11 +71,7 @@ class Run:
 
 def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: int = 0) -> Run:
     """Build and run the fleet here (call it in a child process: see :func:`measure`)."""
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1e6 / (RATE_PER_REPLICA_PER_S * replicas), requests)
-    arrivals = np.rint(np.cumsum(gaps)).astype(np.int64).tolist()
-    prompts = rng.integers(64, 513, requests).tolist()
-    outputs = rng.integers(32, 129, requests).tolist()
+    arrivals, prompts, outputs = workload(requests, replicas, seed)
     started = time.perf_counter()
     env = simsim.Environment()
     backend = simsim.SimulatedBackend(COSTS)
