@@ -279,8 +279,9 @@ class EventLog:
     ) -> None:
         """Add a grid: for each iteration (its end in *times*), a
         ``DECODE_STEP_COMPLETE`` for each of *request_ids* in order, numbered from that
-        iteration's entry of *first_sequences* on. The arrays are kept, not copied."""
-        grid = _TokenGrid(len(self.timestamps), times, first_sequences, list(request_ids))
+        iteration's entry of *first_sequences* on. The arrays and the list are kept, not
+        copied: the caller must not change them afterwards."""
+        grid = _TokenGrid(len(self.timestamps), times, first_sequences, request_ids)
         self._insert((len(self.timestamps), -1, len(self._grids), 0, 0, 0, 0))
         self._grids.append(grid)
         self._grid = grid
