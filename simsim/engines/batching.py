@@ -838,8 +838,17 @@ class BatchingEngine(EngineBase):
         horizon = env.next_event_time()
         if horizon is not None and horizon <= first_end:
             return None
-        # The most iterations before one of them must be the event's.
+        # The most iterations before one of them must be the event's; below `least`
+        # a stretch is not worth pricing at once, and the loop stops early.
         limit = MAX_STRETCH
+        least = MIN_STRETCH
+        if horizon is not None and record.end_us > record.start_us:
+            # Decode steps cost no less as contexts grow: at most this many iterations
+            # launch before the horizon (a guess for other backends: a stretch is
+            # only missed if it is wrong).
+            limit = (horizon - record.start_us) // (record.end_us - record.start_us)
+            if limit < least:
+                return None
         waiters = self._token_waiters
         pool = self._pool
         cache = self._kv_cache
@@ -847,24 +856,21 @@ class BatchingEngine(EngineBase):
         for slot in slots:
             request = slot.request
             generated = request.generated_token_count
-            limit = min(limit, request.max_output_tokens - generated)
+            left = request.max_output_tokens - generated
             if waiters:
                 watched = waiters.get(request.request_id)
                 if watched:
-                    limit = min(limit, min(watched) - generated)
+                    left = min(left, min(watched) - generated)
+            if left < limit:
+                if left < least:
+                    return None
+                limit = left
             contexts += slot.prefilled + slot.decoded
             if pool is not None:
                 assert cache is not None and slot.table is not None
                 hashes = slot.request.block_hashes
                 if hashes and len(hashes) > len(slot.table.named):
                     return None  # a decode step could name a block
-        if horizon is not None and record.end_us > record.start_us:
-            # Decode steps cost no less as contexts grow: at most this many iterations
-            # launch before the horizon (a guess for other backends: a stretch is
-            # only missed if it is wrong).
-            limit = min(limit, (horizon - record.start_us) // (record.end_us - record.start_us))
-        if limit < max(MIN_STRETCH, count // 8):
-            return None  # too short to be worth pricing at once
         assert self._decode_steps is not None
         ends = stretch_ends(
             self._decode_steps,
