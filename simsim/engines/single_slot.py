@@ -13,6 +13,12 @@ its prefill ``prefill_us(prompt, 1)`` later. Each decode step is scheduled
 ``step_us`` (:class:`~simsim.StepCostBackend`) prices the prefill as
 ``step_us(((prompt, 0),), ())`` and the step that makes token *t* as
 ``step_us((), (prompt + t - 1,))``: the context it decodes over.
+
+Decode steps that all end before the heap's next event are a *stretch*: one event for
+the last of them, the ones before written out (tokens, records with the sequence numbers
+their own events would have had, counts) when it comes up; nothing can look in
+between. ``stretches=False`` keeps one event per step (``docs/performance.md``,
+"Stretches").
 """
 
 from __future__ import annotations
@@ -101,8 +107,8 @@ class SimulationEngine(EngineBase):
         # price later steps cheaper.
         own_step = getattr(type(backend), "step_us", None)
         self._steps_grow = self._price_step is None or own_step is FittedBackend.step_us
-        # Decode steps that nothing can interrupt are one event (a stretch: see
-        # _stretch); None: one event per step.
+        # How decode steps that nothing can interrupt are priced as one stretch (see
+        # _next_steps); None: one event per step.
         self._decode_steps = decode_steps_pricer(backend) if stretches else None
         # The active request's stretch: its first token's number, the steps before the
         # event's, and their ends (None: no stretch).
