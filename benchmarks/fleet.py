@@ -27,13 +27,16 @@ quiet); the simulated times come from the cost model, never from measured hardwa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,12 +72,16 @@ class Run:
         return self.requests / self.wall_s
 
 
-def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: int = 0) -> Run:
+def simulate(
+    requests: int, replicas: int, router: str, stretches: bool | None, seed: int = 0
+) -> Run:
     """Build and run the fleet here (call it in a child process: see :func:`measure`)."""
     arrivals, prompts, outputs = workload(requests, replicas, seed)
     started = time.perf_counter()
     env = simsim.Environment()
     backend = simsim.SimulatedBackend(COSTS)
+    # None: the engine's own default (a baseline from before stretches has no keyword).
+    options = {} if stretches is None else {"stretches": stretches}
     engines = [
         simsim.BatchingEngine(
             backend,
@@ -83,12 +90,12 @@ def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: i
             policy="mixed",
             kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=1_024),
             env=env,
-            stretches=stretches,
+            **options,
         )
         for _ in range(replicas)
     ]
-    options = {"seed": seed} if router in ("random", "power_of_two") else {}
-    cluster = simsim.Cluster(engines, simsim.cluster.make_router(router, **options))
+    seeded = {"seed": seed} if router in ("random", "power_of_two") else {}
+    cluster = simsim.Cluster(engines, simsim.cluster.make_router(router, **seeded))
     for request_id in range(requests):
         cluster.submit(
             simsim.Request(
@@ -105,7 +112,7 @@ def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: i
         requests=requests,
         replicas=replicas,
         router=router,
-        stretches=stretches,
+        stretches=bool(stretches is None or stretches),
         wall_s=wall_s,
         peak_rss_mb=peak_kb / 1024,
         events=sum(engine.processed_event_count for engine in engines),
@@ -114,18 +121,48 @@ def simulate(requests: int, replicas: int, router: str, stretches: bool, seed: i
 
 
 def measure(
-    requests: int, replicas: int, router: str = "round_robin", stretches: bool = True
+    requests: int,
+    replicas: int,
+    router: str = "round_robin",
+    stretches: bool | None = True,
+    simsim_path: Path | None = None,
 ) -> Run:
     """:func:`simulate` in a fresh child process (this script with ``--child``), for its
-    own peak memory."""
+    own peak memory; with *simsim_path*, on the simsim found there (a checkout of
+    another commit: see ``--baseline``)."""
     spec = json.dumps([requests, replicas, router, stretches])
+    environ = dict(os.environ)
+    if simsim_path is not None:
+        environ["PYTHONPATH"] = str(simsim_path)
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", spec],
         check=True,
         capture_output=True,
         text=True,
+        env=environ,
     )
     return Run(**json.loads(done.stdout.splitlines()[-1]))
+
+
+@contextlib.contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """A temporary git worktree of *revision* of this repository (removed after)."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="simsim-baseline-") as folder:
+        path = Path(folder) / "tree"
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "--detach", str(path), revision],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(path)],
+                check=False,
+                capture_output=True,
+            )
 
 
 def growth_table(runs: Sequence[Run], by: str) -> str:
@@ -196,6 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare", type=int, default=20_000, help="requests side by side")
     parser.add_argument("--plot", type=Path, help="write the scaling plot here")
     parser.add_argument("--quick", action="store_true", help="a small run for the smoke test")
+    parser.add_argument(
+        "--baseline",
+        metavar="REVISION",
+        help="also run the side-by-side fleet on this git revision's simsim (a temporary "
+        "worktree), alternated with today's: its figures re-measured in the same run",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one run, printed as JSON
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -211,6 +254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs.append((slow, fast))
     print(f"Step by step and with stretches, side by side ({args.fleet} replicas)")
     print(compare_table(pairs))
+    if args.baseline is not None:
+        with checkout(args.baseline) as tree:
+            versus = []
+            for router in ("round_robin", "power_of_two"):
+                before = measure(args.compare, args.fleet, router, None, simsim_path=tree)
+                after = measure(args.compare, args.fleet, router)
+                versus.append((before, after))
+        print()
+        print(f"Revision {args.baseline} (left) against this tree, alternated, same run")
+        print(compare_table(versus).replace("step by step s", f"{args.baseline} s"))
     by_requests = [measure(size, args.fleet) for size in args.sizes]
     print()
     print(f"Requests through {args.fleet} replicas (round robin)")

@@ -30,3 +30,13 @@ def test_a_fleet_run_counts_every_request() -> None:
     assert run.requests == 300 and run.replicas == 3
     assert run.events == slow.events and run.tokens == slow.tokens  # the same work
     assert run.peak_rss_mb > 0 and run.wall_s > 0
+
+
+def test_a_baseline_runs_on_another_checkout() -> None:
+    """``--baseline``: a run on a git worktree's simsim, removed afterwards."""
+    module = load_script(SCRIPT, "benchmark_fleet")
+    with module.checkout("HEAD") as tree:
+        assert (tree / "simsim" / "__init__.py").exists()
+        run = module.measure(200, 2, "round_robin", None, simsim_path=tree)
+    assert run.requests == 200 and run.tokens > 0
+    assert not tree.exists()
