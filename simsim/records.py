@@ -472,14 +472,9 @@ class IterationLog:
 
     def append(self, row: Sequence[int]) -> None:
         """Add one iteration: its values in :class:`IterationRecord`'s field order (an
-        :class:`IterationRow`, or the record itself through :meth:`row_of`)."""
+        :class:`IterationRow`)."""
         for column, value in zip(self.columns, row, strict=True):
             column.append(value)
-
-    @staticmethod
-    def row_of(record: IterationRecord) -> IterationRow:
-        """*record*'s values as a row."""
-        return IterationRow(*(getattr(record, name) for name in _ITERATION_FIELDS))
 
     def extend(self, rows: Sequence[npt.NDArray[np.integer]]) -> None:
         """Add several rows given as one NumPy array per field, in

@@ -955,17 +955,31 @@ class BatchingEngine(EngineBase):
         request = self._requests.get(decision.request_id)
         if request is None or request.state not in (RequestState.WAITING, _PREEMPTED):
             return False  # step by step tells the scheduler what is wrong
+        arriving = request.request_id in self._incoming
+        return self._memory_for(request, arriving, self._free_blocks) is None
+
+    def _memory_for(
+        self, request: Request, arriving: bool, free_blocks: int
+    ) -> tuple[int, int] | None:
+        """The KV blocks *request* needs to be admitted (its prompt, any recomputed
+        output and its next token) and how many of them the prefix cache holds already,
+        or ``None`` when they do not fit (*free_blocks*: the free blocks, without a
+        prefix cache). The longest cached prefix leaves at least one token to compute;
+        an *arriving* request (handed over) brings its whole prompt's KV cache."""
+        cache = self._kv_cache
+        assert cache is not None
         target = request.prompt_token_count + request.generated_token_count
         more = 1 if request.generated_token_count < request.max_output_tokens else 0
         blocks = cache.blocks_for(target + more)
         pool = self._pool
         if pool is None:
-            return blocks > self._free_blocks
-        arriving = request.request_id in self._incoming
+            return None if blocks > free_blocks else (blocks, 0)
         keys = request.block_hashes or ()
         limit = max(0, target - 1) // cache.block_size_tokens
         matched = 0 if arriving else pool.match(keys, limit)
-        return pool.needed(keys, matched) + blocks - matched > pool.available_blocks
+        if pool.needed(keys, matched) + blocks - matched > pool.available_blocks:
+            return None
+        return blocks, matched
 
     def _end_stretch(self, stretch: _Stretch, participants: list[tuple[_Slot, int | None]]) -> None:
         """Write out the stretch's iterations before its event's (all but the last):
@@ -1088,22 +1102,14 @@ class BatchingEngine(EngineBase):
             table = None
             cached = 0
             if cache is not None:
-                more = 1 if request.generated_token_count < request.max_output_tokens else 0
-                blocks = cache.blocks_for(target + more)
+                need = self._memory_for(request, arriving, free_blocks)
+                if need is None:
+                    break  # the head does not fit in memory: it waits
+                blocks, matched = need
                 pool = self._pool
-                if pool is None:
-                    if blocks > free_blocks:
-                        break  # the head does not fit in memory: it waits
-                else:
-                    # The longest cached prefix, leaving at least one token to compute
-                    # (a handed-over request brings its whole prompt's KV cache).
-                    keys = request.block_hashes or ()
-                    limit = max(0, target - 1) // cache.block_size_tokens
-                    matched = 0 if arriving else pool.match(keys, limit)
-                    if pool.needed(keys, matched) + blocks - matched > pool.available_blocks:
-                        break  # the head does not fit in memory: it waits
+                if pool is not None:
                     # Held at once: if pricing the iteration fails, the engine has failed.
-                    table = pool.acquire(keys, matched, blocks - matched)
+                    table = pool.acquire(request.block_hashes or (), matched, blocks - matched)
                     cached = matched * cache.block_size_tokens
             self._commit(decision)
             free_blocks -= blocks
