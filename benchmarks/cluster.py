@@ -167,14 +167,11 @@ def workload(requests: int, replicas: int, seed: int = 0) -> tuple[list[int], li
     return arrivals.tolist(), prompts.tolist(), outputs.tolist()
 
 
-def run(
-    router_name: str, requests: int, replicas: int, refresh_interval_us: int = 0, seed: int = 0
-) -> Result:
-    """Serve *requests* requests on *replicas* batching replicas behind *router_name*."""
-    arrivals, prompts, outputs = workload(requests, replicas, seed)
-    env = simsim.Environment()
+def fleet(env: simsim.Environment, replicas: int, **options: Any) -> list[simsim.BatchingEngine]:
+    """*replicas* batching replicas on *env* (``SLOTS`` slots, the mixed policy, a KV
+    cache, :data:`COSTS`); *options* go to every ``BatchingEngine``."""
     backend = simsim.SimulatedBackend(COSTS)
-    engines = [
+    return [
         simsim.BatchingEngine(
             backend,
             max_active_requests=SLOTS,
@@ -182,9 +179,19 @@ def run(
             policy="mixed",
             kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=1_024),
             env=env,
+            **options,
         )
         for _ in range(replicas)
     ]
+
+
+def run(
+    router_name: str, requests: int, replicas: int, refresh_interval_us: int = 0, seed: int = 0
+) -> Result:
+    """Serve *requests* requests on *replicas* batching replicas behind *router_name*."""
+    arrivals, prompts, outputs = workload(requests, replicas, seed)
+    env = simsim.Environment()
+    engines = fleet(env, replicas)
     options = {"seed": seed} if router_name in ("random", "power_of_two") else {}
     router = _TimedRouter(make_router(router_name, **options))
     cluster = simsim.Cluster(engines, router, refresh_interval_us=refresh_interval_us)

@@ -44,7 +44,7 @@ import simsim
 
 # The fleet of benchmarks/cluster.py: its cost model, batch size, load and workload.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import COSTS, SLOTS, workload
+from cluster import fleet, workload
 
 REQUEST_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 REPLICA_COUNTS = (1, 4, 16, 64, 256)
@@ -79,21 +79,8 @@ def simulate(
     arrivals, prompts, outputs = workload(requests, replicas, seed)
     started = time.perf_counter()
     env = simsim.Environment()
-    backend = simsim.SimulatedBackend(COSTS)
     # None: the engine's own default (a baseline from before stretches has no keyword).
-    options = {} if stretches is None else {"stretches": stretches}
-    engines = [
-        simsim.BatchingEngine(
-            backend,
-            max_active_requests=SLOTS,
-            max_batch_tokens=2_048,
-            policy="mixed",
-            kv_cache=simsim.KvCacheConfig(block_size_tokens=16, total_blocks=1_024),
-            env=env,
-            **options,
-        )
-        for _ in range(replicas)
-    ]
+    engines = fleet(env, replicas, **({} if stretches is None else {"stretches": stretches}))
     seeded = {"seed": seed} if router in ("random", "power_of_two") else {}
     cluster = simsim.Cluster(engines, simsim.cluster.make_router(router, **seeded))
     for request_id in range(requests):
